@@ -1,0 +1,300 @@
+/* sock.c: see sock.h. */
+#include "sock.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+int
+sock_split_hostport(const char *s, char *host, char *port,
+                    const char *default_port)
+{
+  const char *colon;
+
+  if (s[0] == '[') {
+    const char *end = strchr(s, ']');
+    if (end == NULL || (size_t)(end - s - 1) >= 256)
+      return -EINVAL;
+    memcpy(host, s + 1, (size_t)(end - s - 1));
+    host[end - s - 1] = '\0';
+    colon = end[1] == ':' ? end + 1 : NULL;
+    if (end[1] != '\0' && colon == NULL)
+      return -EINVAL;
+  } else {
+    colon = strrchr(s, ':');
+    if (colon && strchr(s, ':') != colon)
+      colon = NULL; /* a bare IPv6 address without port */
+    size_t hl = colon ? (size_t)(colon - s) : strlen(s);
+    if (hl >= 256)
+      return -EINVAL;
+    memcpy(host, s, hl);
+    host[hl] = '\0';
+  }
+  const char *p = colon ? colon + 1 : default_port;
+  if (strlen(p) >= 32 || *p == '\0')
+    return -EINVAL;
+  strcpy(port, p);
+  return 0;
+}
+
+int
+sock_listen_tcp(const char *host, const char *port, int *fds, int max)
+{
+  struct addrinfo hints = { .ai_family = AF_UNSPEC,
+                            .ai_socktype = SOCK_STREAM,
+                            .ai_flags = AI_PASSIVE | AI_NUMERICSERV };
+  struct addrinfo *ai, *a;
+  int n = 0, err = -EADDRNOTAVAIL;
+
+  int r = getaddrinfo(host[0] ? host : NULL, port, &hints, &ai);
+  if (r != 0)
+    return r == EAI_SYSTEM ? -errno : -EADDRNOTAVAIL;
+  for (a = ai; a && n < max; a = a->ai_next) {
+    int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                    a->ai_protocol);
+    if (fd < 0) {
+      err = -errno;
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (a->ai_family == AF_INET6)
+      setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    if (bind(fd, a->ai_addr, a->ai_addrlen) < 0 || listen(fd, 128) < 0) {
+      err = -errno;
+      close(fd);
+      continue;
+    }
+    fds[n++] = fd;
+  }
+  freeaddrinfo(ai);
+  return n > 0 ? n : err;
+}
+
+static int
+sock_unix_addr(const char *path, struct sockaddr_un *sun, socklen_t *len)
+{
+  size_t pl = strlen(path);
+  memset(sun, 0, sizeof *sun);
+  sun->sun_family = AF_UNIX;
+  if (pl >= sizeof sun->sun_path)
+    return -ENAMETOOLONG;
+  memcpy(sun->sun_path, path, pl);
+  *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + pl + 1);
+  return 0;
+}
+
+int
+sock_listen_unix(const char *path)
+{
+  struct sockaddr_un sun;
+  socklen_t len;
+  int r = sock_unix_addr(path, &sun, &len);
+  if (r < 0)
+    return r;
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -errno;
+  unlink(path);
+  if (bind(fd, (struct sockaddr *)&sun, len) < 0 || listen(fd, 128) < 0) {
+    r = -errno;
+    close(fd);
+    return r;
+  }
+  return fd;
+}
+
+int
+sock_activation_fds(int *fds, int max)
+{
+  const char *pid = getenv("LISTEN_PID");
+  const char *nfds = getenv("LISTEN_FDS");
+  if (pid == NULL || nfds == NULL || atol(pid) != (long)getpid())
+    return 0;
+  int n = atoi(nfds);
+  if (n <= 0)
+    return 0;
+  if (n > max)
+    n = max;
+  for (int i = 0; i < n; i++) {
+    fds[i] = 3 + i; /* SD_LISTEN_FDS_START */
+    fcntl(fds[i], F_SETFD, FD_CLOEXEC);
+    sock_set_nonblock(fds[i], true);
+  }
+  unsetenv("LISTEN_PID");
+  unsetenv("LISTEN_FDS");
+  unsetenv("LISTEN_FDNAMES");
+  return n;
+}
+
+int
+sock_connect_tcp(const char *host, const char *port)
+{
+  struct addrinfo hints = { .ai_family = AF_UNSPEC,
+                            .ai_socktype = SOCK_STREAM,
+                            .ai_flags = AI_NUMERICSERV };
+  struct addrinfo *ai, *a;
+  int err = -ECONNREFUSED;
+
+  int r = getaddrinfo(host, port, &hints, &ai);
+  if (r != 0)
+    return r == EAI_SYSTEM ? -errno : -EHOSTUNREACH;
+  for (a = ai; a; a = a->ai_next) {
+    int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC,
+                    a->ai_protocol);
+    if (fd < 0) {
+      err = -errno;
+      continue;
+    }
+    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      freeaddrinfo(ai);
+      return fd;
+    }
+    err = -errno;
+    close(fd);
+  }
+  freeaddrinfo(ai);
+  return err;
+}
+
+int
+sock_connect_unix(const char *path)
+{
+  struct sockaddr_un sun;
+  socklen_t len;
+  int r = sock_unix_addr(path, &sun, &len);
+  if (r < 0)
+    return r;
+  if (path[0] == '\0')
+    return -EINVAL;
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -errno;
+  if (connect(fd, (struct sockaddr *)&sun, len) < 0) {
+    r = -errno;
+    close(fd);
+    return r;
+  }
+  return fd;
+}
+
+int
+sock_set_nonblock(int fd, bool on)
+{
+  int fl = fcntl(fd, F_GETFL);
+  if (fl < 0)
+    return -errno;
+  fl = on ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK);
+  if (fcntl(fd, F_SETFL, fl) < 0)
+    return -errno;
+  return 0;
+}
+
+static int
+sock_setint(int fd, int level, int opt, int v)
+{
+  if (setsockopt(fd, level, opt, &v, sizeof v) < 0)
+    return -errno;
+  return 0;
+}
+
+int
+sock_set_nodelay(int fd, bool on)
+{
+  return sock_setint(fd, IPPROTO_TCP, TCP_NODELAY, on);
+}
+
+int
+sock_set_quickack(int fd)
+{
+  return sock_setint(fd, IPPROTO_TCP, TCP_QUICKACK, 1);
+}
+
+int
+sock_set_keepalive(int fd)
+{
+  return sock_setint(fd, SOL_SOCKET, SO_KEEPALIVE, 1);
+}
+
+static int
+sock_set_buf(int fd, int opt, int size, int *effective)
+{
+  int r = sock_setint(fd, SOL_SOCKET, opt, size);
+  if (r < 0)
+    return r;
+  int got = 0;
+  socklen_t gl = sizeof got;
+  if (getsockopt(fd, SOL_SOCKET, opt, &got, &gl) < 0)
+    return -errno;
+  if (effective)
+    *effective = got / 2; /* the kernel doubles it for bookkeeping */
+  return 0;
+}
+
+int
+sock_set_sndbuf(int fd, int size, int *effective)
+{
+  return sock_set_buf(fd, SO_SNDBUF, size, effective);
+}
+
+int
+sock_set_rcvbuf(int fd, int size, int *effective)
+{
+  return sock_set_buf(fd, SO_RCVBUF, size, effective);
+}
+
+static int
+sock_family(int fd)
+{
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  if (getsockname(fd, (struct sockaddr *)&ss, &len) < 0)
+    return -1;
+  return ss.ss_family;
+}
+
+bool
+sock_is_tcp(int fd)
+{
+  int f = sock_family(fd);
+  return f == AF_INET || f == AF_INET6;
+}
+
+bool
+sock_is_unix(int fd)
+{
+  return sock_family(fd) == AF_UNIX;
+}
+
+void
+sock_peer_name(int fd, char *buf, size_t len)
+{
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  char host[INET6_ADDRSTRLEN];
+
+  if (getpeername(fd, (struct sockaddr *)&ss, &sl) < 0) {
+    snprintf(buf, len, "fd %d", fd);
+    return;
+  }
+  if (ss.ss_family == AF_INET) {
+    struct sockaddr_in *in = (struct sockaddr_in *)&ss;
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+    snprintf(buf, len, "%s:%u", host, ntohs(in->sin_port));
+  } else if (ss.ss_family == AF_INET6) {
+    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+    snprintf(buf, len, "[%s]:%u", host, ntohs(in6->sin6_port));
+  } else {
+    snprintf(buf, len, "unix client (fd %d)", fd);
+  }
+}

@@ -1,0 +1,40 @@
+/* sock.h: one short function per socket chore. All return 0 or a
+ * non-negative fd on success and -errno on failure, and log nothing: the
+ * caller knows the context and names it. */
+#ifndef NBDFLOW_NET_SOCK_H
+#define NBDFLOW_NET_SOCK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* "HOST:PORT", "[V6]:PORT", "HOST" or ":PORT" into host and port. host and
+ * port must hold 256 and 32 bytes. Returns 0 or -EINVAL. */
+int sock_split_hostport(const char *s, char *host, char *port,
+                        const char *default_port);
+
+/* Listening sockets (non-blocking, close-on-exec). sock_listen_tcp binds
+ * every address host resolves to, up to max fds; returns how many. */
+int sock_listen_tcp(const char *host, const char *port, int *fds, int max);
+int sock_listen_unix(const char *path);
+/* Sockets passed by systemd (LISTEN_FDS/LISTEN_PID), up to max. Returns
+ * the count, 0 when none were passed. */
+int sock_activation_fds(int *fds, int max);
+
+/* Blocking connects; the fd is returned blocking, close-on-exec. */
+int sock_connect_tcp(const char *host, const char *port);
+int sock_connect_unix(const char *path);
+
+int sock_set_nonblock(int fd, bool on);
+int sock_set_nodelay(int fd, bool on);
+int sock_set_quickack(int fd);
+int sock_set_keepalive(int fd);
+/* Asks for size bytes of send buffer; *effective receives what the kernel
+ * granted (Linux reports twice the usable size; we report it halved). */
+int sock_set_sndbuf(int fd, int size, int *effective);
+int sock_set_rcvbuf(int fd, int size, int *effective);
+bool sock_is_tcp(int fd);
+bool sock_is_unix(int fd);
+/* "host:port" or "unix:path" of the peer, for log lines. */
+void sock_peer_name(int fd, char *buf, size_t len);
+
+#endif

@@ -1,0 +1,195 @@
+/* transport.c: plain transport and the blocking helpers. See transport.h. */
+#include "transport.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include "loop.h"
+
+static ssize_t
+plain_recv(struct transport *t, void *buf, size_t len)
+{
+  for (;;) {
+    ssize_t n = recv(t->fd, buf, len, 0);
+    if (n >= 0)
+      return n;
+    if (errno == EINTR)
+      continue;
+    return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+  }
+}
+
+static ssize_t
+plain_sendv(struct transport *t, const struct iovec *iov, int iovcnt,
+            int flags)
+{
+  struct msghdr msg = { .msg_iov = (struct iovec *)iov,
+                        .msg_iovlen = (size_t)iovcnt };
+  int mf = MSG_NOSIGNAL | MSG_DONTWAIT;
+  if (flags & TRANSPORT_SEND_MORE)
+    mf |= MSG_MORE;
+  for (;;) {
+    ssize_t n = sendmsg(t->fd, &msg, mf);
+    if (n >= 0)
+      return n;
+    if (errno == EINTR)
+      continue;
+    return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+  }
+}
+
+static int
+plain_flush(struct transport *t)
+{
+  (void)t;
+  return 0;
+}
+
+static size_t
+plain_pending(struct transport *t)
+{
+  (void)t;
+  return 0;
+}
+
+static int
+plain_shutdown(struct transport *t)
+{
+  return shutdown(t->fd, SHUT_WR) < 0 ? -errno : 0;
+}
+
+static void
+plain_free(struct transport *t)
+{
+  (void)t;
+}
+
+const struct transport_ops transport_plain_ops = {
+  .name = "plain",
+  .recv = plain_recv,
+  .sendv = plain_sendv,
+  .flush = plain_flush,
+  .pending = plain_pending,
+  .shutdown = plain_shutdown,
+  .free = plain_free,
+};
+
+void
+transport_init_plain(struct transport *t, int fd)
+{
+  t->ops = &transport_plain_ops;
+  t->fd = fd;
+  t->priv = NULL;
+}
+
+int
+transport_iov_advance(struct iovec **iov, int iovcnt, size_t n)
+{
+  while (iovcnt > 0 && n >= (*iov)->iov_len) {
+    n -= (*iov)->iov_len;
+    (*iov)++;
+    iovcnt--;
+  }
+  if (iovcnt > 0) {
+    (*iov)->iov_base = (char *)(*iov)->iov_base + n;
+    (*iov)->iov_len -= n;
+  }
+  return iovcnt;
+}
+
+/* Waits for fd to be ready; returns 0, -ETIMEDOUT or -errno. deadline is
+ * a loop_now_ms() value or 0 for none. */
+static int
+transport_wait(int fd, short events, uint64_t deadline)
+{
+  for (;;) {
+    int ms = -1;
+    if (deadline) {
+      uint64_t now = loop_now_ms();
+      if (now >= deadline)
+        return -ETIMEDOUT;
+      ms = (int)(deadline - now);
+    }
+    struct pollfd p = { .fd = fd, .events = events };
+    int r = poll(&p, 1, ms);
+    if (r > 0)
+      return 0;
+    if (r == 0)
+      return -ETIMEDOUT;
+    if (errno != EINTR)
+      return -errno;
+  }
+}
+
+static uint64_t
+transport_deadline(int timeout_ms)
+{
+  return timeout_ms < 0 ? 0 : loop_now_ms() + (uint64_t)timeout_ms;
+}
+
+int
+transport_send_all(struct transport *t, struct iovec *iov, int iovcnt,
+                   int flags, int timeout_ms)
+{
+  uint64_t deadline = transport_deadline(timeout_ms);
+  while (iovcnt > 0) {
+    if (iov->iov_len == 0) {
+      iov++;
+      iovcnt--;
+      continue;
+    }
+    ssize_t n = t->ops->sendv(t, iov, iovcnt, flags);
+    if (n == -EAGAIN) {
+      int r = transport_wait(t->fd, POLLOUT, deadline);
+      if (r < 0)
+        return r;
+      continue;
+    }
+    if (n < 0)
+      return (int)n;
+    iovcnt = transport_iov_advance(&iov, iovcnt, (size_t)n);
+  }
+  if (flags & TRANSPORT_SEND_MORE)
+    return 0;
+  for (;;) {
+    int r = t->ops->flush(t);
+    if (r != -EAGAIN)
+      return r;
+    r = transport_wait(t->fd, POLLOUT, deadline);
+    if (r < 0)
+      return r;
+  }
+}
+
+int
+transport_send_buf(struct transport *t, const void *buf, size_t len,
+                   int flags, int timeout_ms)
+{
+  struct iovec iov = { .iov_base = (void *)buf, .iov_len = len };
+  return transport_send_all(t, &iov, 1, flags, timeout_ms);
+}
+
+int
+transport_recv_all(struct transport *t, void *buf, size_t len,
+                   int timeout_ms)
+{
+  uint64_t deadline = transport_deadline(timeout_ms);
+  char *p = buf;
+  while (len > 0) {
+    ssize_t n = t->ops->recv(t, p, len);
+    if (n == -EAGAIN) {
+      int r = transport_wait(t->fd, POLLIN, deadline);
+      if (r < 0)
+        return r;
+      continue;
+    }
+    if (n < 0)
+      return (int)n;
+    if (n == 0)
+      return -ECONNRESET;
+    p += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}

@@ -1,0 +1,188 @@
+/* wire.h: encode and decode NBD messages over byte buffers.
+ *
+ * Pure functions: no I/O, no allocation. Decoders never trust a length from
+ * the wire: each takes the number of bytes available and says how many it
+ * needs. Every parser of peer bytes in the project lives here (and in
+ * util/uri.c) so that one fuzz harness per parser covers it. */
+#ifndef NBDFLOW_PROTO_WIRE_H
+#define NBDFLOW_PROTO_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nbd.h"
+
+/* Big-endian load/store. */
+static inline uint16_t
+wire_get16(const uint8_t *p)
+{
+  return (uint16_t)((p[0] << 8) | p[1]);
+}
+static inline uint32_t
+wire_get32(const uint8_t *p)
+{
+  return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) |
+         ((uint32_t)p[2] << 8) | p[3];
+}
+static inline uint64_t
+wire_get64(const uint8_t *p)
+{
+  return ((uint64_t)wire_get32(p) << 32) | wire_get32(p + 4);
+}
+static inline void
+wire_put16(uint8_t *p, uint16_t v)
+{
+  p[0] = (uint8_t)(v >> 8);
+  p[1] = (uint8_t)v;
+}
+static inline void
+wire_put32(uint8_t *p, uint32_t v)
+{
+  p[0] = (uint8_t)(v >> 24);
+  p[1] = (uint8_t)(v >> 16);
+  p[2] = (uint8_t)(v >> 8);
+  p[3] = (uint8_t)v;
+}
+static inline void
+wire_put64(uint8_t *p, uint64_t v)
+{
+  wire_put32(p, (uint32_t)(v >> 32));
+  wire_put32(p + 4, (uint32_t)v);
+}
+
+/* ---- Handshake ---- */
+
+/* Server greeting, 18 bytes. */
+void wire_encode_greeting(uint8_t out[NBD_GREETING_LEN], uint16_t hflags);
+
+/* Client option header (16 bytes) and server option reply header (20). */
+struct wire_opt {
+  uint32_t option;
+  uint32_t length;
+};
+void wire_encode_opt(uint8_t out[NBD_OPT_HDR_LEN], uint32_t option,
+                     uint32_t length);
+/* Returns 0, or -EPROTO when the magic is not IHAVEOPT. */
+int wire_decode_opt(const uint8_t in[NBD_OPT_HDR_LEN], struct wire_opt *o);
+
+struct wire_opt_reply {
+  uint32_t option;
+  uint32_t type;
+  uint32_t length;
+};
+void wire_encode_opt_reply(uint8_t out[NBD_OPT_REPLY_HDR_LEN],
+                           uint32_t option, uint32_t type, uint32_t length);
+int wire_decode_opt_reply(const uint8_t in[NBD_OPT_REPLY_HDR_LEN],
+                          struct wire_opt_reply *r);
+
+/* INFO / GO option data: u32 name length, name, u16 count, u16 requests.
+ * On success name points into data (not NUL-terminated) and requests at the
+ * first u16 request code. Returns 0 or -EINVAL when the lengths overrun. */
+struct wire_info_req {
+  const uint8_t *name;
+  uint32_t name_len;
+  uint16_t nreqs;
+  const uint8_t *reqs; /* nreqs big-endian u16 */
+};
+int wire_decode_info_req(const uint8_t *data, size_t len,
+                         struct wire_info_req *r);
+/* Encoded size is 4 + name_len + 2 + 2 * nreqs; out must hold it. */
+size_t wire_encode_info_req(uint8_t *out, const char *name, uint32_t name_len,
+                            const uint16_t *reqs, uint16_t nreqs);
+
+/* LIST/SET_META_CONTEXT data: u32 name length, name, u32 query count,
+ * then (u32 length, query) pairs. Decoding validates the whole structure
+ * and then iterates with wire_meta_next. */
+struct wire_meta_req {
+  const uint8_t *name;
+  uint32_t name_len;
+  uint32_t nqueries;
+  const uint8_t *queries; /* cursor */
+  size_t queries_len;
+};
+int wire_decode_meta_req(const uint8_t *data, size_t len,
+                         struct wire_meta_req *r);
+/* Yields the next query; returns 1 with *q and *qlen set, 0 at the end. */
+int wire_meta_next(struct wire_meta_req *r, const uint8_t **q, uint32_t *qlen);
+size_t wire_encode_meta_req(uint8_t *out, const char *name, uint32_t name_len,
+                            const char *const *queries, uint32_t nqueries);
+
+/* NBD_REP_INFO payloads. */
+struct wire_info_export {
+  uint64_t size;
+  uint16_t tflags;
+};
+struct wire_info_block_size {
+  uint32_t minimum, preferred, maximum;
+};
+
+/* ---- Transmission ---- */
+
+/* A request, compact or extended. length is the effect length (or the
+ * payload length with PAYLOAD_LEN); compact headers carry only 32 bits. */
+struct wire_request {
+  uint16_t flags;
+  uint16_t type;
+  uint64_t cookie;
+  uint64_t offset;
+  uint64_t length;
+};
+/* Returns the header size written: 28, or 32 when extended. */
+size_t wire_encode_request(uint8_t *out, bool extended,
+                           const struct wire_request *r);
+/* in holds at least wire_request_len(extended) bytes. Returns 0 or -EPROTO
+ * on a wrong magic. */
+int wire_decode_request(const uint8_t *in, bool extended,
+                        struct wire_request *r);
+static inline size_t
+wire_request_len(bool extended)
+{
+  return extended ? NBD_EXTENDED_REQUEST_LEN : NBD_REQUEST_LEN;
+}
+
+/* A reply header of any of the three forms. For a simple reply, type is
+ * NBD_REPLY_TYPE_NONE, flags DONE, length 0 and error is set; for chunks,
+ * error is 0 and length is the chunk's payload length. */
+struct wire_reply {
+  uint32_t magic;
+  uint16_t flags;
+  uint16_t type;
+  uint32_t error; /* simple replies only */
+  uint64_t cookie;
+  uint64_t offset; /* extended replies only */
+  uint64_t length;
+};
+/* Header size of the reply whose first 4 bytes are given, or 0 when the
+ * magic is unknown. */
+size_t wire_reply_len(const uint8_t magic[4]);
+int wire_decode_reply(const uint8_t *in, struct wire_reply *r);
+size_t wire_encode_simple_reply(uint8_t out[NBD_SIMPLE_REPLY_LEN],
+                                uint64_t cookie, uint32_t error);
+/* Structured (20 bytes) or, when extended, extended (32 bytes) chunk
+ * header. offset is the request's offset (echoed only when extended). */
+size_t wire_encode_chunk(uint8_t *out, bool extended, uint16_t flags,
+                         uint16_t type, uint64_t cookie, uint64_t offset,
+                         uint64_t length);
+
+/* Error chunk payload: u32 error, u16 message length, message
+ * [, u64 offset for ERROR_OFFSET]. Returns 0 or -EINVAL on overrun. */
+struct wire_error_chunk {
+  uint32_t error;
+  const uint8_t *msg;
+  uint16_t msg_len;
+  uint64_t offset; /* ERROR_OFFSET only */
+};
+int wire_decode_error_chunk(const uint8_t *p, size_t len, bool with_offset,
+                            struct wire_error_chunk *e);
+
+/* Map a host errno to the NBD error value and back (§Error values). */
+uint32_t wire_errno_to_nbd(int err);
+int wire_nbd_to_errno(uint32_t nbd_err);
+
+/* Names for logs. */
+const char *wire_opt_name(uint32_t opt);
+const char *wire_cmd_name(uint16_t cmd);
+const char *wire_rep_name(uint32_t rep);
+
+#endif

@@ -1,0 +1,16 @@
+/* size.h: parse and print human sizes ("512M", "10G", "4096"). */
+#ifndef NBDFLOW_UTIL_SIZE_H
+#define NBDFLOW_UTIL_SIZE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Parses a decimal number with an optional binary suffix (K, M, G, T, P,
+ * E; an optional trailing "iB" or "B"). Returns 0 or -EINVAL on junk or
+ * -ERANGE on overflow. */
+int size_parse(const char *s, uint64_t *out);
+
+/* Formats n as "1.5 GiB" into buf; returns buf. */
+char *size_format(uint64_t n, char *buf, size_t len);
+
+#endif

@@ -1,0 +1,94 @@
+/* workq.c: see workq.h. */
+#include "workq.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+
+struct workq {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  struct work *head, *tail; /* FIFO, protected by lock */
+  bool stop;
+  int nthreads;
+  pthread_t *threads;
+};
+
+static void *
+workq_thread(void *arg)
+{
+  struct workq *q = arg;
+  for (;;) {
+    pthread_mutex_lock(&q->lock);
+    while (q->head == NULL && !q->stop)
+      pthread_cond_wait(&q->cond, &q->lock);
+    struct work *w = q->head;
+    if (w == NULL) {
+      pthread_mutex_unlock(&q->lock);
+      return NULL;
+    }
+    q->head = w->next;
+    if (q->head == NULL)
+      q->tail = NULL;
+    pthread_mutex_unlock(&q->lock);
+    w->fn(w);
+  }
+}
+
+struct workq *
+workq_new(int nthreads)
+{
+  struct workq *q = calloc(1, sizeof *q);
+  if (q == NULL)
+    return NULL;
+  q->threads = calloc((size_t)nthreads, sizeof *q->threads);
+  if (q->threads == NULL) {
+    free(q);
+    return NULL;
+  }
+  pthread_mutex_init(&q->lock, NULL);
+  pthread_cond_init(&q->cond, NULL);
+  for (int i = 0; i < nthreads; i++) {
+    int r = pthread_create(&q->threads[i], NULL, workq_thread, q);
+    if (r != 0) {
+      q->nthreads = i;
+      workq_free(q);
+      errno = r;
+      return NULL;
+    }
+  }
+  q->nthreads = nthreads;
+  return q;
+}
+
+void
+workq_push(struct workq *q, struct work *w)
+{
+  w->next = NULL;
+  pthread_mutex_lock(&q->lock);
+  if (q->tail)
+    q->tail->next = w;
+  else
+    q->head = w;
+  q->tail = w;
+  pthread_cond_signal(&q->cond);
+  pthread_mutex_unlock(&q->lock);
+}
+
+void
+workq_free(struct workq *q)
+{
+  if (q == NULL)
+    return;
+  pthread_mutex_lock(&q->lock);
+  q->stop = true;
+  pthread_cond_broadcast(&q->cond);
+  pthread_mutex_unlock(&q->lock);
+  for (int i = 0; i < q->nthreads; i++)
+    pthread_join(q->threads[i], NULL);
+  pthread_mutex_destroy(&q->lock);
+  pthread_cond_destroy(&q->cond);
+  free(q->threads);
+  free(q);
+}
