@@ -1,0 +1,305 @@
+/* uri.c: see uri.h. Follows the NBD URI document: scheme, optional
+ * authority (userinfo@host:port), path = '/' + export name, query
+ * parameters socket, tls-type, tls-hostname, tls-verify-peer and any x-*. */
+#include "uri.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/nbd.h"
+
+static const struct {
+  const char *prefix;
+  bool tls, unix_socket;
+} uri_schemes[] = {
+  /* Longest first, so "nbd+unix" is not taken for "nbd". */
+  { "nbds+unix://", true, true },
+  { "nbd+unix://", false, true },
+  { "nbds://", true, false },
+  { "nbd://", false, false },
+};
+
+bool
+uri_is_nbd(const char *s)
+{
+  for (size_t i = 0; i < sizeof uri_schemes / sizeof uri_schemes[0]; i++)
+    if (strncmp(s, uri_schemes[i].prefix, strlen(uri_schemes[i].prefix)) == 0)
+      return true;
+  return false;
+}
+
+static int
+uri_hexval(char c)
+{
+  if (c >= '0' && c <= '9')
+    return c - '0';
+  if (c >= 'a' && c <= 'f')
+    return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F')
+    return c - 'A' + 10;
+  return -1;
+}
+
+char *
+uri_decode(const char *s, size_t len, bool allow_nul, size_t *outlen)
+{
+  char *out = malloc(len + 1);
+  size_t o = 0;
+  if (out == NULL)
+    return NULL;
+  for (size_t i = 0; i < len; i++) {
+    if (s[i] != '%') {
+      out[o++] = s[i];
+      continue;
+    }
+    if (len - i < 3 || uri_hexval(s[i + 1]) < 0 || uri_hexval(s[i + 2]) < 0) {
+      free(out);
+      return NULL;
+    }
+    char c = (char)(uri_hexval(s[i + 1]) * 16 + uri_hexval(s[i + 2]));
+    if (c == '\0' && !allow_nul) {
+      free(out);
+      return NULL;
+    }
+    out[o++] = c;
+    i += 2;
+  }
+  out[o] = '\0';
+  if (outlen)
+    *outlen = o;
+  return out;
+}
+
+static int
+uri_fail(char *err, size_t errlen, const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+  return -EINVAL;
+}
+
+/* Splits the authority [userinfo@]host[:port] of length len. */
+static int
+uri_parse_authority(const char *a, size_t len, struct nbd_uri *u, char *err,
+                    size_t errlen)
+{
+  const char *at = memchr(a, '@', len);
+  if (at) {
+    u->user = uri_decode(a, (size_t)(at - a), false, NULL);
+    if (u->user == NULL)
+      return uri_fail(err, errlen, "bad escape in user name '%.*s'",
+                      (int)(at - a), a);
+    len -= (size_t)(at + 1 - a);
+    a = at + 1;
+  }
+  const char *hend;
+  const char *rest;
+  if (len > 0 && a[0] == '[') {
+    hend = memchr(a, ']', len);
+    if (hend == NULL)
+      return uri_fail(err, errlen, "unterminated IPv6 literal '%.*s'",
+                      (int)len, a);
+    u->host = strndup(a + 1, (size_t)(hend - a - 1));
+    rest = hend + 1;
+  } else {
+    hend = memchr(a, ':', len);
+    if (hend == NULL)
+      hend = a + len;
+    u->host = uri_decode(a, (size_t)(hend - a), false, NULL);
+    rest = hend;
+  }
+  if (u->host == NULL)
+    return uri_fail(err, errlen, "bad host in '%.*s'", (int)len, a);
+  size_t rlen = len - (size_t)(rest - a);
+  if (rlen == 0)
+    return 0;
+  if (rest[0] != ':')
+    return uri_fail(err, errlen, "junk after host: '%.*s'", (int)rlen, rest);
+  rest++;
+  rlen--;
+  if (rlen == 0)
+    return 0; /* "host:" means the default port (RFC 3986 §3.2.3) */
+  unsigned long port = 0;
+  for (size_t i = 0; i < rlen; i++) {
+    if (rest[i] < '0' || rest[i] > '9' || port > 65535)
+      return uri_fail(err, errlen, "bad port '%.*s'", (int)rlen, rest);
+    port = port * 10 + (unsigned long)(rest[i] - '0');
+  }
+  if (port == 0 || port > 65535)
+    return uri_fail(err, errlen, "port out of range: '%.*s'", (int)rlen,
+                    rest);
+  free(u->port);
+  u->port = strndup(rest, rlen);
+  return u->port ? 0 : -ENOMEM;
+}
+
+/* Handles one key=value query parameter. */
+static int
+uri_parse_param(const char *p, size_t len, struct nbd_uri *u, char *err,
+                size_t errlen)
+{
+  const char *eq = memchr(p, '=', len);
+  size_t klen = eq ? (size_t)(eq - p) : len;
+  const char *v = eq ? eq + 1 : p + len;
+  size_t vlen = len - (size_t)(v - p);
+  size_t dlen = 0;
+  char *val = uri_decode(v, vlen, true, &dlen);
+  if (val == NULL)
+    return uri_fail(err, errlen, "bad escape in query '%.*s'", (int)len, p);
+  char **slot = NULL;
+  if (klen == 6 && memcmp(p, "socket", 6) == 0) {
+    if (dlen > 0 && val[0] == '\0') {
+      free(val);
+      return uri_fail(err, errlen,
+                      "abstract Unix sockets are not supported: '%.*s'",
+                      (int)len, p);
+    }
+    slot = &u->socket;
+  } else if (klen == 8 && memcmp(p, "tls-type", 8) == 0)
+    slot = &u->tls_type;
+  else if (klen == 12 && memcmp(p, "tls-hostname", 12) == 0)
+    slot = &u->tls_hostname;
+  else if (klen == 15 && memcmp(p, "tls-verify-peer", 15) == 0) {
+    bool ok = strcmp(val, "0") == 0 || strcmp(val, "1") == 0;
+    u->tls_verify_peer = val[0] == '1';
+    free(val);
+    if (!ok)
+      return uri_fail(err, errlen, "tls-verify-peer must be 0 or 1: '%.*s'",
+                      (int)len, p);
+    return 0;
+  } else if (klen >= 2 && memcmp(p, "x-", 2) == 0) {
+    free(val); /* experimental parameters of other clients: ignored */
+    return 0;
+  } else {
+    free(val);
+    return uri_fail(err, errlen, "unknown query parameter '%.*s'", (int)klen,
+                    p);
+  }
+  if (memchr(val, '\0', dlen)) {
+    free(val);
+    return uri_fail(err, errlen, "NUL byte in query '%.*s'", (int)len, p);
+  }
+  free(*slot);
+  *slot = val;
+  return 0;
+}
+
+static int
+uri_parse_query(const char *q, struct nbd_uri *u, char *err, size_t errlen)
+{
+  while (*q) {
+    size_t len = strcspn(q, "&;");
+    if (len > 0) {
+      int r = uri_parse_param(q, len, u, err, errlen);
+      if (r < 0)
+        return r;
+    }
+    q += len;
+    if (*q)
+      q++;
+  }
+  return 0;
+}
+
+static int
+uri_parse_parts(const char *s, struct nbd_uri *u, char *err, size_t errlen)
+{
+  size_t i;
+  for (i = 0; i < sizeof uri_schemes / sizeof uri_schemes[0]; i++)
+    if (strncmp(s, uri_schemes[i].prefix, strlen(uri_schemes[i].prefix)) ==
+        0)
+      break;
+  if (i == sizeof uri_schemes / sizeof uri_schemes[0])
+    return uri_fail(err, errlen, "not an NBD URI: '%s'", s);
+  u->tls = uri_schemes[i].tls;
+  u->unix_socket = uri_schemes[i].unix_socket;
+  const char *p = s + strlen(uri_schemes[i].prefix);
+
+  if (strchr(p, '#'))
+    return uri_fail(err, errlen, "fragments are not allowed: '%s'", s);
+  size_t alen = strcspn(p, "/?");
+  if (u->unix_socket && alen > 0)
+    return uri_fail(err, errlen,
+                    "a Unix socket URI takes no host: '%.*s' in '%s'",
+                    (int)alen, p, s);
+  if (!u->unix_socket && alen > 0) {
+    int r = uri_parse_authority(p, alen, u, err, errlen);
+    if (r < 0)
+      return r;
+  }
+  p += alen;
+
+  size_t plen = strcspn(p, "?");
+  if (plen > 0) { /* starts with '/' by construction */
+    size_t n = 0;
+    u->export_name = uri_decode(p + 1, plen - 1, false, &n);
+    if (u->export_name == NULL)
+      return uri_fail(err, errlen, "bad escape in export name '%.*s'",
+                      (int)plen, p);
+    if (n > NBD_MAX_STRING)
+      return uri_fail(err, errlen, "export name longer than %d bytes",
+                      NBD_MAX_STRING);
+  } else {
+    u->export_name = strdup("");
+  }
+  p += plen;
+  if (*p == '?') {
+    int r = uri_parse_query(p + 1, u, err, errlen);
+    if (r < 0)
+      return r;
+  }
+  if (u->unix_socket && (u->socket == NULL || u->socket[0] == '\0'))
+    return uri_fail(err, errlen, "a Unix socket URI needs ?socket=PATH: '%s'",
+                    s);
+  if (!u->unix_socket && u->socket)
+    return uri_fail(err, errlen, "?socket= needs the nbd+unix scheme: '%s'",
+                    s);
+  if (!u->unix_socket && (u->host == NULL || u->host[0] == '\0')) {
+    free(u->host);
+    u->host = strdup("localhost");
+  }
+  if (!u->unix_socket && u->port == NULL) {
+    char buf[16];
+    snprintf(buf, sizeof buf, "%d", NBD_DEFAULT_PORT);
+    u->port = strdup(buf);
+  }
+  if (u->export_name == NULL || (!u->unix_socket && (!u->host || !u->port)))
+    return -ENOMEM;
+  return 0;
+}
+
+int
+uri_parse(const char *s, struct nbd_uri *u, char *err, size_t errlen)
+{
+  memset(u, 0, sizeof *u);
+  u->tls_verify_peer = -1;
+  if (errlen)
+    err[0] = '\0';
+  int r = uri_parse_parts(s, u, err, errlen);
+  if (r < 0) {
+    if (r == -ENOMEM)
+      uri_fail(err, errlen, "out of memory");
+    uri_free(u);
+    return -EINVAL;
+  }
+  return 0;
+}
+
+void
+uri_free(struct nbd_uri *u)
+{
+  free(u->user);
+  free(u->host);
+  free(u->port);
+  free(u->socket);
+  free(u->export_name);
+  free(u->tls_type);
+  free(u->tls_hostname);
+  memset(u, 0, sizeof *u);
+  u->tls_verify_peer = -1;
+}

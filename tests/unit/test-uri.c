@@ -1,0 +1,125 @@
+/* test-uri.c: NBD URI parsing, including every example of the NBD URI
+ * document's export-name table. Prints one ok / not ok line per case and
+ * exits non-zero when any case fails. */
+#include <stdio.h>
+#include <string.h>
+
+#include "util/uri.h"
+
+static int failures;
+static int count;
+
+static void
+check(bool cond, const char *what, const char *uri)
+{
+  count++;
+  printf("%s %d - %s: %s\n", cond ? "ok" : "not ok", count, uri, what);
+  if (!cond)
+    failures++;
+}
+
+static bool
+streq(const char *a, const char *b)
+{
+  if (a == NULL || b == NULL)
+    return a == b;
+  return strcmp(a, b) == 0;
+}
+
+/* Expects s to parse to the given fields (NULL host/socket = unset). */
+static void
+expect_ok(const char *s, bool tls, bool unix_socket, const char *host,
+          const char *port, const char *sock, const char *name)
+{
+  struct nbd_uri u;
+  char err[256];
+  int r = uri_parse(s, &u, err, sizeof err);
+  check(r == 0, r == 0 ? "parses" : err, s);
+  if (r != 0)
+    return;
+  check(u.tls == tls && u.unix_socket == unix_socket, "scheme", s);
+  check(streq(u.host, host), "host", s);
+  check(streq(u.port, port), "port", s);
+  check(streq(u.socket, sock), "socket", s);
+  check(streq(u.export_name, name), "export name", s);
+  uri_free(&u);
+}
+
+static void
+expect_fail(const char *s, const char *why)
+{
+  struct nbd_uri u;
+  char err[256];
+  int r = uri_parse(s, &u, err, sizeof err);
+  check(r != 0 && err[0] != '\0', why, s);
+  if (r == 0)
+    uri_free(&u);
+}
+
+int
+main(void)
+{
+  /* The export-name table of the URI document. */
+  expect_ok("nbd://example.com/disk", false, false, "example.com", "10809",
+            NULL, "disk");
+  expect_ok("nbd+unix:///disk?socket=sock", false, true, NULL, NULL, "sock",
+            "disk");
+  expect_ok("nbd://example.com/", false, false, "example.com", "10809", NULL,
+            "");
+  expect_ok("nbd://example.com", false, false, "example.com", "10809", NULL,
+            "");
+  expect_ok("nbd://example.com//disk", false, false, "example.com", "10809",
+            NULL, "/disk");
+  expect_ok("nbd://example.com/hello%20world", false, false, "example.com",
+            "10809", NULL, "hello world");
+
+  /* Ports, IPv6, userinfo, TLS schemes. */
+  expect_ok("nbd://127.0.0.1:1234/x", false, false, "127.0.0.1", "1234",
+            NULL, "x");
+  expect_ok("nbd://[::1]:10810/", false, false, "::1", "10810", NULL, "");
+  expect_ok("nbd://[fe80::1]", false, false, "fe80::1", "10809", NULL, "");
+  expect_ok("nbd://alice@host:7/e", false, false, "host", "7", NULL, "e");
+  expect_ok("nbd://host:/e", false, false, "host", "10809", NULL, "e");
+  expect_ok("nbds://host/e?tls-type=psk&tls-verify-peer=0", true, false,
+            "host", "10809", NULL, "e");
+  expect_ok("nbds+unix:///?socket=/run/a%20b.sock", true, true, NULL, NULL,
+            "/run/a b.sock", "");
+  expect_ok("nbd+unix://?socket=s", false, true, NULL, NULL, "s", "");
+  expect_ok("nbd://h/e?x-private=1", false, false, "h", "10809", NULL, "e");
+  expect_ok("nbd:///e", false, false, "localhost", "10809", NULL, "e");
+
+  {
+    struct nbd_uri u;
+    char err[256];
+    int r = uri_parse("nbd://bob%40x@h/?tls-type=x509&tls-hostname=srv",
+                      &u, err, sizeof err);
+    check(r == 0 && streq(u.user, "bob@x") && streq(u.tls_type, "x509") &&
+            streq(u.tls_hostname, "srv") && u.tls_verify_peer == -1,
+          "userinfo and TLS parameters", "nbd://bob%40x@h/?...");
+    if (r == 0)
+      uri_free(&u);
+  }
+
+  expect_fail("http://example.com/", "not an NBD scheme");
+  expect_fail("nbd+unix:///disk", "unix URI without socket");
+  expect_fail("nbd+unix://host/disk?socket=s", "unix URI with a host");
+  expect_fail("nbd://host/disk?socket=s", "socket without unix scheme");
+  expect_fail("nbd://host:0/", "port zero");
+  expect_fail("nbd://host:65536/", "port too large");
+  expect_fail("nbd://host:12a/", "port not a number");
+  expect_fail("nbd://[::1/", "unterminated IPv6 literal");
+  expect_fail("nbd://host/a%2", "truncated escape");
+  expect_fail("nbd://host/a%zz", "bad escape");
+  expect_fail("nbd://host/a%00b", "NUL in export name");
+  expect_fail("nbd://host/?frobnicate=1", "unknown query parameter");
+  expect_fail("nbd://host/?tls-verify-peer=2", "bad tls-verify-peer");
+  expect_fail("nbd+unix:///?socket=%00abstract", "abstract socket refused");
+  expect_fail("nbd://host/e#frag", "fragment");
+
+  check(uri_is_nbd("nbd+unix:///?socket=x") && uri_is_nbd("nbds://h") &&
+          !uri_is_nbd("disk.img") && !uri_is_nbd("nbd:foo"),
+        "uri_is_nbd", "(several)");
+
+  printf("1..%d\n", count);
+  return failures ? 1 : 0;
+}
