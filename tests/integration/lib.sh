@@ -1,0 +1,235 @@
+# lib.sh: shared helpers for the integration tests. Source it first:
+#
+#   . "$(dirname "$0")/lib.sh"
+#
+# Contract of a test script: exit 0 pass, 1 fail, 77 skip; the last line
+# it prints is the reason shown by tests/run for a skip or failure.
+#
+# Environment: NBDFLOW is the binary under test (tests/run sets it); when
+# unset, build/nbdflow of this checkout is used.
+
+set -u
+
+LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_DIR=$(cd "$LIB_DIR/../.." && pwd)
+: "${NBDFLOW:=$REPO_DIR/build/nbdflow}"
+TEST_NAME=$(basename "$0")
+
+# ---- Reporting ------------------------------------------------------------
+
+# Prints its arguments prefixed with the test name, on stderr.
+note () { echo "$TEST_NAME: $*" >&2; }
+
+# Ends the test as failed; the message is the last line printed.
+fail () {
+    echo "FAIL: $*"
+    exit 1
+}
+
+# Ends the test as skipped with a reason (exit 77).
+skip () {
+    echo "SKIP: $*"
+    exit 77
+}
+
+# need CMD [PACKAGE]: skip loudly unless CMD is installed.
+need () {
+    local cmd=$1 pkg=${2:-$1}
+    command -v "$cmd" >/dev/null 2>&1 ||
+        skip "$cmd not installed (Debian package: $pkg)"
+}
+
+# check DESCRIPTION CMD...: runs CMD and fails the test if it fails.
+check () {
+    local what=$1; shift
+    if ! "$@"; then
+        fail "$what (command: $*)"
+    fi
+    note "ok: $what"
+}
+
+# check_fails DESCRIPTION CMD...: the command must fail (exit != 0).
+check_fails () {
+    local what=$1; shift
+    if "$@"; then
+        fail "$what: expected a failure but it succeeded (command: $*)"
+    fi
+    note "ok: $what"
+}
+
+# ---- Temporary files and cleanup -------------------------------------------
+
+CLEANUP_CMDS=()
+SERVER_PIDS=()
+
+# Registers a shell command to run at exit (last registered runs first).
+on_exit () { CLEANUP_CMDS+=("$1"); }
+
+lib_cleanup () {
+    local rc=$? i pid
+    for pid in "${SERVER_PIDS[@]}"; do
+        [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null
+    done
+    for ((i = ${#CLEANUP_CMDS[@]} - 1; i >= 0; i--)); do
+        eval "${CLEANUP_CMDS[$i]}" || true
+    done
+    exit "$rc"
+}
+trap lib_cleanup EXIT
+trap 'exit 1' INT TERM
+
+# Makes TMP, a private temporary directory removed at exit.
+tmpdir_make () {
+    TMP=$(mktemp -d "${TMPDIR:-/tmp}/nbdflow-test.XXXXXX") ||
+        fail "mktemp failed"
+    on_exit "rm -rf '$TMP'"
+}
+
+# ---- Images ------------------------------------------------------------------
+
+# make_random FILE MIB: FILE of MIB MiB of random bytes.
+make_random () {
+    dd if=/dev/urandom of="$1" bs=1M count="$2" status=none ||
+        fail "cannot write $1"
+}
+
+# make_sparse FILE MIB LAYOUT: FILE of MIB MiB, a hole except for the
+# random-data extents listed in LAYOUT as "START_MIB:LEN_MIB ...".
+make_sparse () {
+    local file=$1 mib=$2 ext start len
+    rm -f "$file"
+    truncate -s "${mib}M" "$file" || fail "cannot create $file"
+    for ext in $3; do
+        start=${ext%%:*}
+        len=${ext##*:}
+        dd if=/dev/urandom of="$file" bs=1M seek="$start" count="$len" \
+            conv=notrunc status=none || fail "cannot write $file"
+    done
+}
+
+# same A B: byte-for-byte comparison; fails the test on a difference.
+same () {
+    cmp "$1" "$2" >&2 || fail "$1 and $2 differ"
+    note "ok: $(basename "$1") == $(basename "$2")"
+}
+
+# all_zero FILE BYTES: FILE holds exactly BYTES zero bytes.
+all_zero () {
+    local size
+    size=$(stat -c %s "$1") || fail "no $1"
+    [ "$size" = "$2" ] || fail "$1 is $size bytes, expected $2"
+    cmp -n "$2" "$1" /dev/zero >&2 || fail "$1 is not all zeroes"
+    note "ok: $(basename "$1") is $2 zero bytes"
+}
+
+sha () { sha256sum "$1" | cut -d' ' -f1; }
+
+# ---- Network -------------------------------------------------------------------
+
+# Prints a TCP port that was free on HOST (default 127.0.0.1) a moment ago.
+free_port () {
+    python3 - "${1:-127.0.0.1}" <<'PY'
+import socket, sys
+host = sys.argv[1]
+fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+s = socket.socket(fam, socket.SOCK_STREAM)
+s.bind((host, 0))
+print(s.getsockname()[1])
+s.close()
+PY
+}
+
+# True when this machine can bind a TCP socket on ::1.
+have_ipv6_loopback () {
+    python3 -c '
+import socket
+s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+s.bind(("::1", 0))
+' 2>/dev/null
+}
+
+# ---- Server ----------------------------------------------------------------------
+
+SERVER_N=0
+
+# serve_launch ARGS...: starts "$NBDFLOW serve ARGS --pidfile F" in the
+# background and waits (at most ~20 s) until the pidfile is written. Sets
+# SERVER_PID and SERVER_LOG (its stderr and stdout). Returns 0 when ready,
+# 1 when the server exited first (SERVER_RC holds its status), 2 on timeout.
+serve_launch () {
+    [ -x "$NBDFLOW" ] || fail "NBDFLOW=$NBDFLOW is not an executable"
+    [ -n "${TMP:-}" ] || tmpdir_make
+    SERVER_N=$((SERVER_N + 1))
+    local pidfile=$TMP/serve.$SERVER_N.pid i
+    SERVER_LOG=$TMP/serve.$SERVER_N.log
+    "$NBDFLOW" serve "$@" --pidfile "$pidfile" >"$SERVER_LOG" 2>&1 &
+    SERVER_PID=$!
+    SERVER_PIDS+=("$SERVER_PID")
+    on_exit "[ -s '$SERVER_LOG' ] && { echo '--- server log $SERVER_LOG:' >&2; tail -n 50 '$SERVER_LOG' >&2; }"
+    for ((i = 0; i < 200; i++)); do
+        if [ -s "$pidfile" ]; then
+            note "server $SERVER_PID ready: serve $*"
+            return 0
+        fi
+        if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+            wait "$SERVER_PID"
+            SERVER_RC=$?
+            return 1
+        fi
+        sleep 0.1
+    done
+    return 2
+}
+
+# serve_start ARGS...: serve_launch, failing the test unless it is ready.
+serve_start () {
+    serve_launch "$@"
+    case $? in
+        0) return 0 ;;
+        1) fail "server exited with status $SERVER_RC before becoming ready: serve $*" ;;
+        *) fail "server not ready after 20 s: serve $*" ;;
+    esac
+}
+
+# serve_tcp ARGS...: serve_start on a free loopback port; sets PORT and
+# URI (nbd://127.0.0.1:PORT; append /NAME for a named export). Retries when
+# another process took the port in between.
+serve_tcp () {
+    local try rc
+    for try in 1 2 3; do
+        PORT=$(free_port) || fail "no free port"
+        URI=nbd://127.0.0.1:$PORT
+        serve_launch --listen "127.0.0.1:$PORT" "$@"
+        rc=$?
+        [ "$rc" = 0 ] && return 0
+        [ "$rc" = 2 ] && fail "server not ready after 20 s: serve --listen 127.0.0.1:$PORT $*"
+        grep -qi "in use" "$SERVER_LOG" || break
+    done
+    fail "server exited with status $SERVER_RC before becoming ready: serve --listen 127.0.0.1:$PORT $*"
+}
+
+# True while the last started server (or pid $1) runs.
+server_alive () { kill -0 "${1:-$SERVER_PID}" 2>/dev/null; }
+
+# serve_stop [PID]: SIGTERM, wait at most 10 s, then fail if it had to be
+# killed or exited with a signal or non-zero status.
+serve_stop () {
+    local pid=${1:-$SERVER_PID} i rc
+    server_alive "$pid" || {
+        wait "$pid" 2>/dev/null
+        fail "server $pid already dead before stop (status $?)"
+    }
+    kill -TERM "$pid"
+    for ((i = 0; i < 100; i++)); do
+        server_alive "$pid" || break
+        sleep 0.1
+    done
+    if server_alive "$pid"; then
+        kill -KILL "$pid"
+        fail "server $pid ignored SIGTERM for 10 s"
+    fi
+    wait "$pid"
+    rc=$?
+    [ "$rc" = 0 ] || fail "server $pid exited with status $rc after SIGTERM"
+    note "ok: server $pid stopped cleanly"
+}
