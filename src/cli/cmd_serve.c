@@ -1,13 +1,137 @@
-/* cmd_serve.c: placeholder until the server lands. */
+/* cmd_serve.c: nbdflow serve [OPTIONS] [NAME=]TARGET... */
+#include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cli/cmd.h"
+#include "server/server.h"
+#include "util/log.h"
+
+static void
+serve_usage(FILE *f)
+{
+  fprintf(f,
+"Usage: nbdflow serve [OPTIONS] [NAME=]TARGET...\n"
+"\n"
+"Serve each TARGET as an NBD export. TARGET is a file or block device,\n"
+"memory:SIZE (a RAM disk, zeroed) or null:SIZE (reads zeroes, discards\n"
+"writes). SIZE takes K, M, G, T suffixes (powers of 1024). The first\n"
+"export is also the default export (the empty name); an export without\n"
+"NAME= is named by TARGET as written.\n"
+"\n"
+"Options:\n"
+"  -l, --listen HOST:PORT     TCP address (default 127.0.0.1:10809;\n"
+"                             IPv6 as [::1]:10809)\n"
+"  -u, --unix PATH            listen on a Unix socket instead\n"
+"  -r, --read-only            serve every export read-only\n"
+"      --max-connections N    refuse connections beyond N (default: no limit)\n"
+"      --max-inflight N       requests in flight per connection (default %d)\n"
+"      --handshake-timeout S  drop clients that have not finished the\n"
+"                             handshake within S seconds (default 10, 0: off)\n"
+"      --threads N            worker threads for export I/O (default 8)\n"
+"  -P, --pidfile FILE         write the pid to FILE once listening\n"
+"  -v, --verbose              log every connection\n"
+"  -q, --quiet                log errors only\n"
+"  -h, --help                 show this help\n"
+"\n"
+"Sockets passed by a service manager (LISTEN_FDS) replace --listen.\n",
+          SERVER_DEFAULT_INFLIGHT);
+}
+
+static int
+serve_int(const char *opt, const char *arg, int min, int max, int *out)
+{
+  char *end;
+  long v = strtol(arg, &end, 10);
+  if (*arg == '\0' || *end || v < min || v > max) {
+    fprintf(stderr, "nbdflow serve: %s: \"%s\" is not a number from %d to "
+            "%d\n", opt, arg, min, max);
+    return -1;
+  }
+  *out = (int)v;
+  return 0;
+}
 
 int
 cmd_serve(int argc, char **argv)
 {
-  (void)argc;
-  (void)argv;
-  fprintf(stderr, "nbdflow: 'serve' is not implemented yet\n");
-  return 2;
+  enum { OPT_MAXCONN = 256, OPT_INFLIGHT, OPT_HSTIMEOUT, OPT_THREADS,
+         OPT_STATS };
+  static const struct option opts[] = {
+    { "listen", required_argument, NULL, 'l' },
+    { "unix", required_argument, NULL, 'u' },
+    { "read-only", no_argument, NULL, 'r' },
+    { "max-connections", required_argument, NULL, OPT_MAXCONN },
+    { "max-inflight", required_argument, NULL, OPT_INFLIGHT },
+    { "handshake-timeout", required_argument, NULL, OPT_HSTIMEOUT },
+    { "threads", required_argument, NULL, OPT_THREADS },
+    { "pidfile", required_argument, NULL, 'P' },
+    { "verbose", no_argument, NULL, 'v' },
+    { "quiet", no_argument, NULL, 'q' },
+    { "help", no_argument, NULL, 'h' },
+    { NULL, 0, NULL, 0 },
+  };
+  struct server_config cfg = {
+    .max_inflight = SERVER_DEFAULT_INFLIGHT,
+    .handshake_timeout = 10,
+    .threads = 8,
+  };
+  int c, r = 0;
+
+  optind = 1;
+  while ((c = getopt_long(argc, argv, "l:u:rP:vqh", opts, NULL)) != -1) {
+    switch (c) {
+    case 'l':
+      cfg.listen = optarg;
+      break;
+    case 'u':
+      cfg.unix_path = optarg;
+      break;
+    case 'r':
+      cfg.read_only = true;
+      break;
+    case OPT_MAXCONN:
+      r = serve_int("--max-connections", optarg, 1, 1 << 20,
+                    &cfg.max_connections);
+      break;
+    case OPT_INFLIGHT:
+      r = serve_int("--max-inflight", optarg, 1, 4096, &cfg.max_inflight);
+      break;
+    case OPT_HSTIMEOUT:
+      r = serve_int("--handshake-timeout", optarg, 0, 86400,
+                    &cfg.handshake_timeout);
+      break;
+    case OPT_THREADS:
+      r = serve_int("--threads", optarg, 1, 256, &cfg.threads);
+      break;
+    case 'P':
+      cfg.pidfile = optarg;
+      break;
+    case 'v':
+      log_threshold = LOG_DEBUG;
+      break;
+    case 'q':
+      log_threshold = LOG_ERROR;
+      break;
+    case 'h':
+      serve_usage(stdout);
+      return 0;
+    default:
+      serve_usage(stderr);
+      return 2;
+    }
+    if (r < 0)
+      return 2;
+  }
+  if (optind >= argc) {
+    fprintf(stderr, "nbdflow serve: no export given\n");
+    serve_usage(stderr);
+    return 2;
+  }
+  if (cfg.listen && cfg.unix_path) {
+    fprintf(stderr, "nbdflow serve: --listen and --unix exclude each other\n");
+    return 2;
+  }
+  return server_run(&cfg, argv + optind, argc - optind);
 }

@@ -1,0 +1,260 @@
+/* backend_file.c: regular files and block devices.
+ *
+ * One fd per export, shared by all connections and threads: pread/pwrite
+ * at explicit offsets need no lock, and FLUSH (fdatasync) covers every
+ * connection's writes, which is what makes multi-conn safe. */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <linux/fs.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "export.h"
+#include "proto/nbd.h"
+#include "util/log.h"
+
+struct file_priv {
+  bool is_blockdev;
+  bool can_punch;      /* cleared once the file system says no */
+  bool can_zero_range; /* likewise */
+};
+
+static int
+file_pread(struct export *e, void *buf, uint64_t len, uint64_t off)
+{
+  char *p = buf;
+  while (len > 0) {
+    ssize_t n = pread(e->fd, p, len, (off_t)off);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      return -errno;
+    }
+    if (n == 0) { /* a file shrunk under us: read zeroes, as a hole */
+      memset(p, 0, len);
+      return 0;
+    }
+    p += n;
+    off += (uint64_t)n;
+    len -= (uint64_t)n;
+  }
+  return 0;
+}
+
+static int
+file_pwrite(struct export *e, const void *buf, uint64_t len, uint64_t off,
+            bool fua)
+{
+  const char *p = buf;
+  while (len > 0) {
+    struct iovec iov = { .iov_base = (void *)p, .iov_len = len };
+    ssize_t n = pwritev2(e->fd, &iov, 1, (off_t)off, fua ? RWF_DSYNC : 0);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      return -errno;
+    }
+    p += n;
+    off += (uint64_t)n;
+    len -= (uint64_t)n;
+  }
+  return 0;
+}
+
+static int
+file_flush(struct export *e)
+{
+  return fdatasync(e->fd) < 0 ? -errno : 0;
+}
+
+static int
+file_write_zeroes(struct export *e, uint64_t len, uint64_t off, bool fua)
+{
+  static const char zeroes[65536];
+  while (len > 0) {
+    uint64_t n = len < sizeof zeroes ? len : sizeof zeroes;
+    int r = file_pwrite(e, zeroes, n, off, false);
+    if (r < 0)
+      return r;
+    off += n;
+    len -= n;
+  }
+  return fua ? file_flush(e) : 0;
+}
+
+static int
+file_punch(struct export *e, uint64_t len, uint64_t off)
+{
+  struct file_priv *fp = e->priv;
+  if (!fp->can_punch)
+    return -EOPNOTSUPP;
+  if (fp->is_blockdev) {
+    uint64_t range[2] = { off, len };
+    if (ioctl(e->fd, BLKDISCARD, range) == 0)
+      return 0;
+  } else if (fallocate(e->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                       (off_t)off, (off_t)len) == 0) {
+    return 0;
+  }
+  if (errno == EOPNOTSUPP || errno == ENOTTY)
+    fp->can_punch = false;
+  return -errno;
+}
+
+static int
+file_zero(struct export *e, uint64_t len, uint64_t off, bool may_trim,
+          bool fast, bool fua)
+{
+  struct file_priv *fp = e->priv;
+  int r;
+
+  /* A punched hole reads as zeroes on every Linux file system that
+   * supports punching; without may_trim, re-allocate it afterwards. */
+  if (!fp->is_blockdev && (r = file_punch(e, len, off)) == 0) {
+    if (!may_trim &&
+        fallocate(e->fd, FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) < 0)
+      return -errno;
+    return fua ? file_flush(e) : 0;
+  }
+  if (fp->can_zero_range) {
+    int mode = fp->is_blockdev ? 0 : FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE;
+    if (fp->is_blockdev) {
+      uint64_t range[2] = { off, len };
+      r = ioctl(e->fd, BLKZEROOUT, range);
+    } else {
+      r = fallocate(e->fd, mode, (off_t)off, (off_t)len);
+    }
+    if (r == 0)
+      return fua ? file_flush(e) : 0;
+    if (errno != EOPNOTSUPP && errno != ENOTTY)
+      return -errno;
+    fp->can_zero_range = false;
+  }
+  if (fast)
+    return -ENOTSUP;
+  return file_write_zeroes(e, len, off, fua);
+}
+
+static int
+file_trim(struct export *e, uint64_t len, uint64_t off, bool fua)
+{
+  int r = file_punch(e, len, off);
+  if (r == -EOPNOTSUPP || r == -ENOTTY)
+    return 0; /* TRIM is advisory */
+  if (r < 0)
+    return r;
+  return fua ? file_flush(e) : 0;
+}
+
+static int
+file_cache(struct export *e, uint64_t len, uint64_t off)
+{
+  int r = posix_fadvise(e->fd, (off_t)off, (off_t)len, POSIX_FADV_WILLNEED);
+  return -r;
+}
+
+static int
+file_extents(struct export *e, uint64_t off, uint64_t len, struct extent *ext,
+             int max)
+{
+  struct file_priv *fp = e->priv;
+  uint64_t end = off + len;
+  int n = 0;
+
+  if (fp->is_blockdev) {
+    ext[0] = (struct extent){ .length = len, .flags = 0 };
+    return 1;
+  }
+  while (off < end && n < max) {
+    off_t data = lseek(e->fd, (off_t)off, SEEK_DATA);
+    if (data < 0 && errno != ENXIO)
+      return n > 0 ? n : -errno;
+    uint64_t d = data < 0 ? end : (uint64_t)data;
+    if (d > off) { /* a hole first */
+      uint64_t l = (d < end ? d : end) - off;
+      ext[n++] = (struct extent){ .length = l,
+                                  .flags = NBD_STATE_HOLE | NBD_STATE_ZERO };
+      off += l;
+      continue;
+    }
+    off_t hole = lseek(e->fd, (off_t)off, SEEK_HOLE);
+    if (hole < 0)
+      return n > 0 ? n : -errno;
+    uint64_t h = (uint64_t)hole < end ? (uint64_t)hole : end;
+    if (h <= off) /* racing truncation: call the rest data */
+      h = end;
+    ext[n++] = (struct extent){ .length = h - off, .flags = 0 };
+    off = h;
+  }
+  return n;
+}
+
+static void
+file_close(struct export *e)
+{
+  if (e->fd >= 0)
+    close(e->fd);
+  free(e->priv);
+}
+
+const struct backend_ops backend_file_ops = {
+  .kind = "file",
+  .pread = file_pread,
+  .pwrite = file_pwrite,
+  .zero = file_zero,
+  .trim = file_trim,
+  .flush = file_flush,
+  .cache = file_cache,
+  .extents = file_extents,
+  .close = file_close,
+};
+
+int
+backend_file_open(struct export *e, const char *path)
+{
+  struct file_priv *fp = calloc(1, sizeof *fp);
+  struct stat st;
+
+  if (fp == NULL)
+    return -ENOMEM;
+  e->ops = &backend_file_ops;
+  e->priv = fp;
+  e->fd = open(path, (e->read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC);
+  if (e->fd < 0 && errno == EROFS && !e->read_only) {
+    log_warn("export \"%s\": %s is on a read-only file system; serving it "
+             "read-only", e->name, path);
+    e->read_only = true;
+    e->fd = open(path, O_RDONLY | O_CLOEXEC);
+  }
+  if (e->fd < 0 || fstat(e->fd, &st) < 0) {
+    int err = errno;
+    log_error("export \"%s\": cannot open %s: %s", e->name, path,
+              strerror(err));
+    return -err;
+  }
+  if (S_ISBLK(st.st_mode)) {
+    fp->is_blockdev = true;
+    if (ioctl(e->fd, BLKGETSIZE64, &e->size) < 0) {
+      int err = errno;
+      log_error("export \"%s\": cannot size block device %s: %s", e->name,
+                path, strerror(err));
+      return -err;
+    }
+  } else if (S_ISREG(st.st_mode)) {
+    e->size = (uint64_t)st.st_size;
+  } else {
+    log_error("export \"%s\": %s is neither a regular file nor a block "
+              "device", e->name, path);
+    return -EINVAL;
+  }
+  fp->can_punch = true;
+  fp->can_zero_range = true;
+  e->can_trim = true;
+  e->can_fast_zero = true;
+  return 0;
+}

@@ -1,0 +1,71 @@
+/* export.h: what the server serves, behind a table of backend functions.
+ *
+ * Backends are file (regular files and block devices), memory and null.
+ * Every function may block (file I/O) and is called from worker threads,
+ * concurrently for different requests of one or several connections; each
+ * backend is responsible for its own thread safety. Offsets and lengths
+ * have been checked against the export size before any call. All return 0
+ * or -errno. */
+#ifndef NBDFLOW_SERVER_EXPORT_H
+#define NBDFLOW_SERVER_EXPORT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct export;
+
+/* One run of equal allocation state; flags are NBD_STATE_* bits. */
+struct extent {
+  uint64_t length;
+  uint32_t flags;
+};
+
+struct backend_ops {
+  const char *kind;
+  int (*pread)(struct export *e, void *buf, uint64_t len, uint64_t off);
+  int (*pwrite)(struct export *e, const void *buf, uint64_t len, uint64_t off,
+                bool fua);
+  /* Makes the range read as zeroes. may_trim: a hole is allowed; fast:
+   * fail with -ENOTSUP, leaving data untouched, unless it is cheaper than
+   * writing zeroes. */
+  int (*zero)(struct export *e, uint64_t len, uint64_t off, bool may_trim,
+              bool fast, bool fua);
+  int (*trim)(struct export *e, uint64_t len, uint64_t off, bool fua);
+  int (*flush)(struct export *e);
+  int (*cache)(struct export *e, uint64_t len, uint64_t off);
+  /* Describes [off, off+len) from off on, in at most max extents that
+   * together cover at least one byte and at most the range. Returns the
+   * number of extents or -errno. */
+  int (*extents)(struct export *e, uint64_t off, uint64_t len,
+                 struct extent *ext, int max);
+  void (*close)(struct export *e);
+};
+
+struct export {
+  char *name;        /* owned; "" never: the default export is exports[0] */
+  char *description; /* owned, may be NULL */
+  const struct backend_ops *ops;
+  uint64_t size;
+  bool read_only;
+  bool can_trim;      /* TRIM does something */
+  bool can_fast_zero; /* zeroing is cheaper than writing */
+  int fd;             /* file backend; -1 otherwise */
+  void *priv;         /* backend state, owned by the backend */
+};
+
+/* Parses "[NAME=]TARGET" (TARGET: path, memory:SIZE, null:SIZE) and opens
+ * it. On failure logs one line naming the argument and returns -errno. */
+int export_open(const char *arg, bool read_only, struct export **out);
+void export_close(struct export *e);
+
+/* Transmission flags for e, given whether structured replies are on. */
+uint16_t export_tflags(const struct export *e, bool structured);
+
+extern const struct backend_ops backend_file_ops;
+extern const struct backend_ops backend_memory_ops;
+extern const struct backend_ops backend_null_ops;
+int backend_file_open(struct export *e, const char *path);
+int backend_memory_open(struct export *e, uint64_t size);
+int backend_null_open(struct export *e, uint64_t size);
+
+#endif

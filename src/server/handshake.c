@@ -1,0 +1,423 @@
+/* handshake.c: fixed newstyle negotiation, one function per option
+ * (§Handshake, §Option types). Runs on the loop thread only. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server.h"
+#include "util/log.h"
+
+#define LOG_CAP 16 /* bad-input lines per connection */
+
+static void
+hs_log(struct conn *c, const char *fmt, ...)
+{
+  char msg[512];
+  va_list ap;
+  if (c->nlogged > LOG_CAP)
+    return;
+  if (c->nlogged++ == LOG_CAP) {
+    log_warn("%s: further problems on this connection are not logged",
+             c->peer);
+    return;
+  }
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  log_warn("%s: %s", c->peer, msg);
+}
+
+void
+handshake_queue(struct conn *c, const void *p, size_t len)
+{
+  if (c->hs_out_len + len > c->hs_out_cap) {
+    size_t cap = c->hs_out_cap ? c->hs_out_cap : 1024;
+    while (cap < c->hs_out_len + len)
+      cap *= 2;
+    uint8_t *n = realloc(c->hs_out, cap);
+    if (n == NULL) { /* handshake_option sees this and closes */
+      c->hs_failed = true;
+      return;
+    }
+    c->hs_out = n;
+    c->hs_out_cap = cap;
+  }
+  memcpy(c->hs_out + c->hs_out_len, p, len);
+  c->hs_out_len += len;
+}
+
+int
+handshake_flush(struct conn *c)
+{
+  while (c->hs_out_len > 0) {
+    struct iovec iov = { .iov_base = c->hs_out, .iov_len = c->hs_out_len };
+    ssize_t n = c->t.ops->sendv(&c->t, &iov, 1, 0);
+    if (n == -EAGAIN)
+      break;
+    if (n < 0) {
+      log_debug("%s: send failed: %s", c->peer, strerror((int)-n));
+      return -1;
+    }
+    memmove(c->hs_out, c->hs_out + n, c->hs_out_len - (size_t)n);
+    c->hs_out_len -= (size_t)n;
+  }
+  if (c->hs_out_len == 0) {
+    int r = c->t.ops->flush(&c->t);
+    if (r < 0 && r != -EAGAIN)
+      return -1;
+    if (r == -EAGAIN) {
+      pthread_mutex_lock(&c->lock);
+      c->want_out = true;
+      conn_update_events(c);
+      pthread_mutex_unlock(&c->lock);
+      return 0;
+    }
+  }
+  pthread_mutex_lock(&c->lock);
+  c->want_out = c->hs_out_len > 0;
+  conn_update_events(c);
+  pthread_mutex_unlock(&c->lock);
+  if (c->hs_out_len == 0 && c->state == CS_CLOSING && c->exp == NULL)
+    return -1; /* ABORT acknowledged: now close */
+  return c->hs_out_len == 0 ? 1 : 0;
+}
+
+void
+handshake_start(struct conn *c)
+{
+  uint8_t g[NBD_GREETING_LEN];
+  wire_encode_greeting(g, NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES);
+  handshake_queue(c, g, sizeof g);
+  conn_expect(c, CS_CLIENT_FLAGS, c->msg, 4);
+  if (handshake_flush(c) < 0)
+    conn_close(c, NULL);
+}
+
+int
+handshake_flags(struct conn *c)
+{
+  c->cflags = wire_get32(c->msg);
+  uint32_t known = NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES;
+  if (c->cflags & ~known) {
+    hs_log(c, "unknown client flags 0x%x", c->cflags & ~known);
+    return -1;
+  }
+  conn_expect(c, CS_OPT_HDR, c->msg, NBD_OPT_HDR_LEN);
+  return 0;
+}
+
+static void
+opt_reply(struct conn *c, uint32_t type, const void *data, size_t len)
+{
+  uint8_t h[NBD_OPT_REPLY_HDR_LEN];
+  wire_encode_opt_reply(h, c->opt.option, type, (uint32_t)len);
+  handshake_queue(c, h, sizeof h);
+  if (len)
+    handshake_queue(c, data, len);
+}
+
+/* An error reply with a message for the client, and one log line. */
+static void
+opt_error(struct conn *c, uint32_t type, const char *fmt, ...)
+{
+  char msg[256];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (n < 0)
+    n = 0;
+  if ((size_t)n >= sizeof msg)
+    n = sizeof msg - 1;
+  hs_log(c, "option %s: %s: %s", wire_opt_name(c->opt.option),
+         wire_rep_name(type), msg);
+  opt_reply(c, type, msg, (size_t)n);
+}
+
+static void
+transmission_start(struct conn *c, struct export *e)
+{
+  c->exp = e;
+  c->deadline_ms = 0;
+  if (c->meta_export != e)
+    c->meta_base_allocation = false;
+  log_debug("%s: export \"%s\": transmission, %s replies", c->peer, e->name,
+            c->extended ? "extended" : c->structured ? "structured"
+                                                     : "simple");
+  conn_expect(c, CS_REQ_HDR, c->msg, wire_request_len(c->extended));
+}
+
+static int
+opt_export_name(struct conn *c, const uint8_t *data, uint32_t len)
+{
+  if (len > NBD_MAX_STRING) {
+    hs_log(c, "EXPORT_NAME: name of %u bytes is longer than %d", len,
+           NBD_MAX_STRING);
+    return -1; /* EXPORT_NAME cannot be answered with an error */
+  }
+  struct export *e = server_find_export(c->srv, data, len);
+  if (e == NULL) {
+    hs_log(c, "EXPORT_NAME: no export \"%.*s\"", (int)len, (const char *)data);
+    return -1;
+  }
+  uint8_t r[NBD_EXPORT_NAME_REPLY_LEN + NBD_ZEROES_LEN] = { 0 };
+  wire_put64(r, e->size);
+  wire_put16(r + 8, export_tflags(e, c->structured));
+  size_t n = (c->cflags & NBD_FLAG_C_NO_ZEROES) ? NBD_EXPORT_NAME_REPLY_LEN
+                                                : sizeof r;
+  handshake_queue(c, r, n);
+  transmission_start(c, e);
+  return 0;
+}
+
+static void
+opt_list(struct conn *c)
+{
+  struct server *s = c->srv;
+  if (c->opt.length) {
+    opt_error(c, NBD_REP_ERR_INVALID, "LIST takes no data");
+    return;
+  }
+  for (int i = 0; i < s->nexports; i++) {
+    struct export *e = s->exports[i];
+    size_t nl = strlen(e->name), dl = e->description ? strlen(e->description)
+                                                     : 0;
+    uint8_t *p = malloc(4 + nl + dl);
+    if (p == NULL)
+      continue;
+    wire_put32(p, (uint32_t)nl);
+    memcpy(p + 4, e->name, nl);
+    if (dl)
+      memcpy(p + 4 + nl, e->description, dl);
+    opt_reply(c, NBD_REP_SERVER, p, 4 + nl + dl);
+    free(p);
+  }
+  opt_reply(c, NBD_REP_ACK, NULL, 0);
+}
+
+/* Refuses STARTTLS: this server has no TLS configured (§TLS support:
+ * NOTLS mode answers ERR_UNSUP or ERR_POLICY, never ERR_TLS_REQD). */
+static void
+opt_starttls(struct conn *c)
+{
+  if (c->opt.length) {
+    opt_error(c, NBD_REP_ERR_INVALID, "STARTTLS takes no data");
+    return;
+  }
+  opt_error(c, NBD_REP_ERR_POLICY, "TLS is not configured on this server");
+}
+
+static void
+info_reply(struct conn *c, uint16_t type, const void *p, size_t len)
+{
+  uint8_t buf[2 + NBD_MAX_STRING];
+  wire_put16(buf, type);
+  memcpy(buf + 2, p, len);
+  opt_reply(c, NBD_REP_INFO, buf, 2 + len);
+}
+
+static int
+opt_info_go(struct conn *c, const uint8_t *data, uint32_t len)
+{
+  struct wire_info_req ir;
+  bool go = c->opt.option == NBD_OPT_GO;
+
+  if (wire_decode_info_req(data, len, &ir) < 0) {
+    opt_error(c, NBD_REP_ERR_INVALID, "malformed request (%u bytes)", len);
+    return 0;
+  }
+  if (ir.name_len > NBD_MAX_STRING) {
+    opt_error(c, NBD_REP_ERR_INVALID, "export name of %u bytes is longer "
+              "than %d", ir.name_len, NBD_MAX_STRING);
+    return 0;
+  }
+  struct export *e = server_find_export(c->srv, ir.name, ir.name_len);
+  if (e == NULL) {
+    opt_error(c, NBD_REP_ERR_UNKNOWN, "no export \"%.*s\"",
+              (int)ir.name_len, (const char *)ir.name);
+    return 0;
+  }
+  bool want_name = false, want_desc = false;
+  for (uint16_t i = 0; i < ir.nreqs; i++) {
+    uint16_t t = wire_get16(ir.reqs + 2 * i);
+    want_name |= t == NBD_INFO_NAME;
+    want_desc |= t == NBD_INFO_DESCRIPTION;
+  }
+  uint8_t p[12];
+  wire_put64(p, e->size);
+  wire_put16(p + 8, export_tflags(e, c->structured));
+  info_reply(c, NBD_INFO_EXPORT, p, 10);
+  if (want_name)
+    info_reply(c, NBD_INFO_NAME, e->name, strlen(e->name));
+  if (want_desc && e->description)
+    info_reply(c, NBD_INFO_DESCRIPTION, e->description,
+               strlen(e->description));
+  wire_put32(p, 1);
+  wire_put32(p + 4, SERVER_PREFERRED_BLOCK);
+  wire_put32(p + 8, SERVER_MAX_PAYLOAD);
+  info_reply(c, NBD_INFO_BLOCK_SIZE, p, 12);
+  opt_reply(c, NBD_REP_ACK, NULL, 0);
+  if (go)
+    transmission_start(c, e);
+  return 0;
+}
+
+static void
+opt_structured_reply(struct conn *c)
+{
+  if (c->opt.length)
+    opt_error(c, NBD_REP_ERR_INVALID, "STRUCTURED_REPLY takes no data");
+  else if (c->extended)
+    opt_error(c, NBD_REP_ERR_EXT_HEADER_REQD,
+              "extended headers are already on");
+  else if (c->structured)
+    opt_error(c, NBD_REP_ERR_INVALID, "structured replies are already on");
+  else {
+    c->structured = true;
+    opt_reply(c, NBD_REP_ACK, NULL, 0);
+  }
+}
+
+static void
+opt_extended_headers(struct conn *c)
+{
+  if (c->opt.length)
+    opt_error(c, NBD_REP_ERR_INVALID, "EXTENDED_HEADERS takes no data");
+  else if (c->extended)
+    opt_error(c, NBD_REP_ERR_INVALID, "extended headers are already on");
+  else {
+    c->extended = true;
+    c->structured = true; /* every reply is now a chunk */
+    opt_reply(c, NBD_REP_ACK, NULL, 0);
+  }
+}
+
+static bool
+meta_is(const uint8_t *q, uint32_t ql, const char *s)
+{
+  return ql == strlen(s) && memcmp(q, s, ql) == 0;
+}
+
+static void
+meta_context_reply(struct conn *c, uint32_t id)
+{
+  const char *name = NBD_META_BASE_ALLOCATION;
+  uint8_t p[4 + sizeof NBD_META_BASE_ALLOCATION];
+  wire_put32(p, id);
+  memcpy(p + 4, name, strlen(name));
+  opt_reply(c, NBD_REP_META_CONTEXT, p, 4 + strlen(name));
+}
+
+static void
+opt_meta_context(struct conn *c, const uint8_t *data, uint32_t len)
+{
+  bool set = c->opt.option == NBD_OPT_SET_META_CONTEXT;
+  struct wire_meta_req mr;
+
+  if (set) { /* SET replaces the selection even when it fails */
+    c->meta_export = NULL;
+    c->meta_base_allocation = false;
+  }
+  if (!c->structured) {
+    opt_error(c, NBD_REP_ERR_INVALID, "structured replies not negotiated");
+    return;
+  }
+  if (wire_decode_meta_req(data, len, &mr) < 0) {
+    opt_error(c, NBD_REP_ERR_INVALID, "malformed request (%u bytes)", len);
+    return;
+  }
+  if (mr.name_len > NBD_MAX_STRING) {
+    opt_error(c, NBD_REP_ERR_INVALID, "export name of %u bytes is longer "
+              "than %d", mr.name_len, NBD_MAX_STRING);
+    return;
+  }
+  struct export *e = server_find_export(c->srv, mr.name, mr.name_len);
+  if (e == NULL) {
+    opt_error(c, NBD_REP_ERR_UNKNOWN, "no export \"%.*s\"",
+              (int)mr.name_len, (const char *)mr.name);
+    return;
+  }
+  bool hit = !set && mr.nqueries == 0; /* LIST with no query: all */
+  const uint8_t *q;
+  uint32_t ql;
+  while (wire_meta_next(&mr, &q, &ql)) {
+    if (meta_is(q, ql, NBD_META_BASE_ALLOCATION) ||
+        (!set && meta_is(q, ql, "base:")))
+      hit = true;
+  }
+  if (hit)
+    meta_context_reply(c, set ? 1 : 0);
+  if (set) {
+    c->meta_export = e;
+    c->meta_base_allocation = hit;
+  }
+  opt_reply(c, NBD_REP_ACK, NULL, 0);
+}
+
+int
+handshake_option(struct conn *c)
+{
+  const uint8_t *data = c->state == CS_OPT_DATA ? c->opt_buf : NULL;
+  uint32_t len = c->opt.length;
+  int r = 0;
+
+  if (!(c->cflags & NBD_FLAG_C_FIXED_NEWSTYLE) &&
+      c->opt.option != NBD_OPT_EXPORT_NAME) {
+    hs_log(c, "option %s from a client without fixed newstyle",
+           wire_opt_name(c->opt.option));
+    return -1; /* unfixed newstyle has no way to answer */
+  }
+  if (c->state == CS_OPT_DISCARD) {
+    if (c->opt.option == NBD_OPT_EXPORT_NAME) {
+      hs_log(c, "EXPORT_NAME of %u bytes is too long", len);
+      return -1;
+    }
+    opt_error(c, NBD_REP_ERR_TOO_BIG, "option data of %u bytes exceeds the "
+              "%u-byte limit", len, SERVER_MAX_OPTION);
+  } else {
+    switch (c->opt.option) {
+    case NBD_OPT_EXPORT_NAME:
+      r = opt_export_name(c, data, len);
+      break;
+    case NBD_OPT_ABORT:
+      opt_reply(c, NBD_REP_ACK, NULL, 0);
+      c->state = CS_CLOSING;
+      break;
+    case NBD_OPT_LIST:
+      opt_list(c);
+      break;
+    case NBD_OPT_STARTTLS:
+      opt_starttls(c);
+      break;
+    case NBD_OPT_INFO:
+    case NBD_OPT_GO:
+      r = opt_info_go(c, data, len);
+      break;
+    case NBD_OPT_STRUCTURED_REPLY:
+      opt_structured_reply(c);
+      break;
+    case NBD_OPT_EXTENDED_HEADERS:
+      opt_extended_headers(c);
+      break;
+    case NBD_OPT_LIST_META_CONTEXT:
+    case NBD_OPT_SET_META_CONTEXT:
+      opt_meta_context(c, data, len);
+      break;
+    default:
+      opt_error(c, NBD_REP_ERR_UNSUP, "option %u is not supported",
+                c->opt.option);
+      break;
+    }
+  }
+  free(c->opt_buf);
+  c->opt_buf = NULL;
+  if (r < 0 || c->hs_failed)
+    return -1;
+  if (c->exp == NULL && c->state != CS_CLOSING)
+    conn_expect(c, CS_OPT_HDR, c->msg, NBD_OPT_HDR_LEN);
+  if (c->state == CS_CLOSING)
+    c->dst = NULL;
+  return handshake_flush(c) < 0 ? -1 : 0;
+}

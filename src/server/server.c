@@ -1,0 +1,552 @@
+/* server.c: listeners, the connection lifecycle, and the reading side of
+ * every connection. See server.h for the threading rules. */
+#include "server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "net/sock.h"
+#include "util/log.h"
+
+/* ---- reference counting and closing ---- */
+
+static void
+conn_free(struct conn *c)
+{
+  struct req *q, *next;
+  for (q = c->free_reqs; q; q = next) {
+    next = q->next;
+    free(q->buf);
+    free(q->ext);
+    free(q);
+  }
+  if (c->cur) {
+    free(c->cur->buf);
+    free(c->cur->ext);
+    free(c->cur);
+  }
+  if (c->t.ops)
+    c->t.ops->free(&c->t);
+  close(c->fd);
+  free(c->opt_buf);
+  free(c->hs_out);
+  pthread_mutex_destroy(&c->lock);
+  free(c);
+}
+
+void
+conn_put(struct conn *c)
+{
+  pthread_mutex_lock(&c->lock);
+  int refs = --c->refs;
+  pthread_mutex_unlock(&c->lock);
+  if (refs == 0)
+    conn_free(c);
+}
+
+void
+conn_update_events(struct conn *c)
+{
+  if (c->dead)
+    return;
+  uint32_t ev = 0;
+  bool reading = !c->paused && c->state != CS_CLOSING && c->hs_out_len == 0;
+  if (reading)
+    ev |= EPOLLIN;
+  if (c->want_out)
+    ev |= EPOLLOUT;
+  loop_mod(c->loop, c->fd, ev);
+}
+
+void
+conn_close(struct conn *c, const char *why)
+{
+  struct server *s = c->srv;
+  if (why)
+    log_warn("%s: %s; closing the connection", c->peer, why);
+  pthread_mutex_lock(&c->lock);
+  if (c->dead) {
+    pthread_mutex_unlock(&c->lock);
+    return;
+  }
+  c->dead = true;
+  /* Replies that never left die with the connection. */
+  struct req *q = c->sendq;
+  c->sendq = c->sendq_tail = NULL;
+  pthread_mutex_unlock(&c->lock);
+  while (q) {
+    struct req *next = q->next;
+    free(q->buf);
+    free(q->ext);
+    free(q);
+    q = next;
+    conn_put(c); /* the request's reference */
+  }
+  loop_del(c->loop, c->fd);
+  if (c->t.ops && !why)
+    c->t.ops->shutdown(&c->t);
+  shutdown(c->fd, SHUT_RDWR);
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    s->conns = c->next;
+  if (c->next)
+    c->next->prev = c->prev;
+  s->nconns--;
+  conn_put(c);
+}
+
+void
+conn_resume(struct conn *c)
+{
+  struct server *s = c->srv;
+  bool wake = false;
+  pthread_mutex_lock(&s->resume_lock);
+  if (!c->in_resume) {
+    c->in_resume = true;
+    pthread_mutex_lock(&c->lock);
+    c->refs++;
+    pthread_mutex_unlock(&c->lock);
+    c->resume_next = s->resume;
+    s->resume = c;
+    wake = true;
+  }
+  pthread_mutex_unlock(&s->resume_lock);
+  if (wake)
+    loop_wake(s->loop);
+}
+
+/* ---- reading ---- */
+
+void
+conn_expect(struct conn *c, enum conn_state st, void *dst, size_t need)
+{
+  c->state = st;
+  c->dst = dst;
+  c->need = need;
+  c->have = 0;
+}
+
+static void
+conn_expect_discard(struct conn *c, enum conn_state st)
+{
+  size_t n = c->discard_left < sizeof c->discard_buf ? (size_t)c->discard_left
+                                                      : sizeof c->discard_buf;
+  conn_expect(c, st, c->discard_buf, n);
+}
+
+/* A complete target buffer: move the state machine on. */
+static int
+conn_step(struct conn *c)
+{
+  switch (c->state) {
+  case CS_CLIENT_FLAGS:
+    return handshake_flags(c);
+  case CS_OPT_HDR:
+    if (wire_decode_opt(c->msg, &c->opt) < 0) {
+      log_warn("%s: bad option magic", c->peer);
+      return -1;
+    }
+    if (c->opt.length == 0)
+      return handshake_option(c);
+    if (c->opt.length > SERVER_MAX_OPTION) {
+      /* Never buffer a length a client made up: drop it as it comes
+       * and answer with an error once it is gone. */
+      c->discard_left = c->opt.length;
+      conn_expect_discard(c, CS_OPT_DISCARD);
+      return 0;
+    }
+    free(c->opt_buf);
+    c->opt_buf = malloc(c->opt.length);
+    if (c->opt_buf == NULL)
+      return -1;
+    conn_expect(c, CS_OPT_DATA, c->opt_buf, c->opt.length);
+    return 0;
+  case CS_OPT_DATA:
+    return handshake_option(c);
+  case CS_OPT_DISCARD:
+  case CS_REQ_DISCARD:
+    c->discard_left -= c->need;
+    if (c->discard_left > 0) {
+      conn_expect_discard(c, c->state);
+      return 0;
+    }
+    return c->state == CS_OPT_DISCARD ? handshake_option(c)
+                                      : transmission_payload(c);
+  case CS_REQ_HDR:
+    return transmission_header(c);
+  case CS_REQ_PAYLOAD:
+    return transmission_payload(c);
+  case CS_CLOSING:
+    return 0;
+  }
+  return -1;
+}
+
+static bool
+conn_may_read(struct conn *c)
+{
+  if (c->dead || c->state == CS_CLOSING || c->hs_out_len > 0)
+    return false;
+  pthread_mutex_lock(&c->lock);
+  bool paused = c->paused;
+  pthread_mutex_unlock(&c->lock);
+  return !paused;
+}
+
+/* Reads and handles as much as the socket has, without blocking. */
+static void
+conn_read(struct conn *c)
+{
+  while (conn_may_read(c)) {
+    if (c->in_off < c->in_len && c->have < c->need) {
+      size_t n = c->in_len - c->in_off;
+      if (n > c->need - c->have)
+        n = c->need - c->have;
+      memcpy(c->dst + c->have, c->inbuf + c->in_off, n);
+      c->in_off += n;
+      c->have += n;
+    }
+    if (c->have == c->need) {
+      if (conn_step(c) < 0) {
+        conn_close(c, NULL);
+        return;
+      }
+      continue;
+    }
+    /* Large payloads go straight into their buffer; small messages are
+     * read in bulk so that one recv serves many headers. */
+    size_t want = c->need - c->have;
+    ssize_t n;
+    if (want >= sizeof c->inbuf / 2) {
+      n = c->t.ops->recv(&c->t, c->dst + c->have, want);
+      if (n > 0)
+        c->have += (size_t)n;
+    } else {
+      c->in_off = c->in_len = 0;
+      n = c->t.ops->recv(&c->t, c->inbuf, sizeof c->inbuf);
+      if (n > 0)
+        c->in_len = (size_t)n;
+    }
+    if (n == -EAGAIN)
+      return;
+    if (n == 0) {
+      if (c->state <= CS_OPT_DISCARD)
+        log_warn("%s: client disconnected during the handshake", c->peer);
+      else if (c->have > 0 || c->state != CS_REQ_HDR)
+        log_warn("%s: client disconnected in the middle of a %s request",
+                 c->peer, c->cur ? wire_cmd_name(c->cur->r.type) : "");
+      else
+        log_debug("%s: client disconnected without NBD_CMD_DISC", c->peer);
+      conn_close(c, NULL);
+      return;
+    }
+    if (n < 0) {
+      log_warn("%s: receive failed: %s", c->peer, strerror((int)-n));
+      conn_close(c, NULL);
+      return;
+    }
+    /* Acknowledge promptly, so a client that writes a header and its
+     * payload separately with Nagle on never waits for a delayed ACK. */
+    if (c->is_tcp)
+      sock_set_quickack(c->fd);
+  }
+}
+
+static void
+conn_on_event(struct loop *l, int fd, uint32_t events, void *arg)
+{
+  struct conn *c = arg;
+
+  if (events & EPOLLOUT) {
+    /* The handshake's last reply may still be queued when transmission
+     * has begun: it goes first. */
+    int r = c->hs_out_len ? handshake_flush(c) : transmission_flush(c);
+    if (r < 0) {
+      conn_close(c, NULL);
+      return;
+    }
+  }
+  /* Also after EPOLLOUT: bytes already in inbuf wait for no event. */
+  conn_read(c);
+}
+
+/* ---- accepting ---- */
+
+static void
+conn_setup_socket(struct server *s, struct conn *c)
+{
+  static bool warned;
+  c->is_tcp = sock_is_tcp(c->fd);
+  if (c->is_tcp) {
+    sock_set_nodelay(c->fd, true);
+    sock_set_keepalive(c->fd);
+    return;
+  }
+  /* Unix sockets default to a 208 KiB send buffer, which caps a 2 MiB
+   * reply at a fraction of its speed. */
+  int eff = 0;
+  if (sock_set_sndbuf(c->fd, SERVER_UNIX_SNDBUF, &eff) == 0 &&
+      eff * 2 < SERVER_UNIX_SNDBUF && !warned) {
+    warned = true;
+    log_warn("unix socket send buffer clipped to %d bytes (asked %d); "
+             "raise net.core.wmem_max", eff * 2, SERVER_UNIX_SNDBUF);
+  }
+  log_debug("unix socket send buffer %d bytes", eff * 2);
+}
+
+static void
+server_accept(struct loop *l, int lfd, uint32_t events, void *arg)
+{
+  struct server *s = arg;
+
+  for (;;) {
+    int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+        log_warn("accept: %s", strerror(errno));
+      return;
+    }
+    char peer[80];
+    sock_peer_name(fd, peer, sizeof peer);
+    if (s->cfg.max_connections && s->nconns >= s->cfg.max_connections) {
+      log_warn("%s: refused: %d connections already (--max-connections)",
+               peer, s->nconns);
+      close(fd);
+      continue;
+    }
+    struct conn *c = calloc(1, sizeof *c);
+    if (c == NULL) {
+      close(fd);
+      continue;
+    }
+    c->srv = s;
+    c->loop = l;
+    c->fd = fd;
+    c->refs = 1;
+    snprintf(c->peer, sizeof c->peer, "%s", peer);
+    pthread_mutex_init(&c->lock, NULL);
+    transport_init_plain(&c->t, fd);
+    conn_setup_socket(s, c);
+    if (loop_add(l, fd, EPOLLIN, conn_on_event, c) < 0) {
+      c->dead = true;
+      conn_put(c);
+      continue;
+    }
+    c->next = s->conns;
+    if (s->conns)
+      s->conns->prev = c;
+    s->conns = c;
+    s->nconns++;
+    if (s->cfg.handshake_timeout > 0)
+      c->deadline_ms =
+        loop_now_ms() + (uint64_t)s->cfg.handshake_timeout * 1000;
+    log_debug("%s: connected", c->peer);
+    handshake_start(c);
+  }
+}
+
+/* ---- the loop's periodic work ---- */
+
+static void
+server_tick(struct loop *l, void *arg)
+{
+  struct server *s = arg;
+  static uint64_t last_sweep;
+
+  pthread_mutex_lock(&s->resume_lock);
+  struct conn *list = s->resume;
+  s->resume = NULL;
+  for (struct conn *c = list; c; c = c->resume_next)
+    c->in_resume = false;
+  pthread_mutex_unlock(&s->resume_lock);
+
+  while (list) {
+    struct conn *c = list;
+    list = c->resume_next;
+    if (!c->dead) {
+      pthread_mutex_lock(&c->lock);
+      bool done = c->closing && c->inflight == 0 && c->sendq == NULL;
+      bool failed = c->send_failed;
+      pthread_mutex_unlock(&c->lock);
+      if (failed)
+        conn_close(c, "sending a reply failed");
+      else if (done)
+        conn_close(c, NULL);
+      else
+        conn_read(c);
+    }
+    conn_put(c);
+  }
+
+  uint64_t now = loop_now_ms();
+  if (now - last_sweep < 500)
+    return;
+  last_sweep = now;
+  struct conn *c, *next;
+  for (c = s->conns; c; c = next) {
+    next = c->next;
+    if (c->deadline_ms && now > c->deadline_ms) {
+      char why[96];
+      snprintf(why, sizeof why, "handshake not finished within %d s",
+               s->cfg.handshake_timeout);
+      conn_close(c, why);
+    }
+  }
+}
+
+static void
+server_on_signal(struct loop *l, int fd, uint32_t events, void *arg)
+{
+  struct signalfd_siginfo si;
+  ssize_t n = read(fd, &si, sizeof si);
+  if (n == (ssize_t)sizeof si)
+    log_info("signal %u: shutting down", si.ssi_signo);
+  loop_stop(l);
+}
+
+struct export *
+server_find_export(struct server *s, const uint8_t *name, size_t len)
+{
+  if (len == 0)
+    return s->nexports ? s->exports[0] : NULL;
+  for (int i = 0; i < s->nexports; i++)
+    if (strlen(s->exports[i]->name) == len &&
+        memcmp(s->exports[i]->name, name, len) == 0)
+      return s->exports[i];
+  return NULL;
+}
+
+static int
+server_listen(struct server *s)
+{
+  int n = sock_activation_fds(s->listen_fds, SERVER_MAX_LISTEN);
+  if (n > 0) {
+    s->nlisten = n;
+    log_info("listening on %d socket(s) passed by the service manager", n);
+    return 0;
+  }
+  if (s->cfg.unix_path) {
+    int fd = sock_listen_unix(s->cfg.unix_path);
+    if (fd < 0) {
+      log_error("cannot listen on unix socket %s: %s", s->cfg.unix_path,
+                strerror(-fd));
+      return fd;
+    }
+    s->listen_fds[s->nlisten++] = fd;
+    log_info("listening on unix socket %s", s->cfg.unix_path);
+    return 0;
+  }
+  const char *spec = s->cfg.listen ? s->cfg.listen : "127.0.0.1";
+  char host[256], port[32];
+  if (sock_split_hostport(spec, host, port, "10809") < 0) {
+    log_error("bad --listen address \"%s\"", spec);
+    return -EINVAL;
+  }
+  n = sock_listen_tcp(host, port, s->listen_fds, SERVER_MAX_LISTEN);
+  if (n < 0) {
+    log_error("cannot listen on %s port %s: %s", host, port, strerror(-n));
+    return n;
+  }
+  s->nlisten = n;
+  log_info("listening on %s port %s", host[0] ? host : "*", port);
+  return 0;
+}
+
+static int
+server_write_pidfile(const char *path)
+{
+  char tmp[4096];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "w");
+  if (f == NULL || fprintf(f, "%ld\n", (long)getpid()) < 0 || fclose(f) != 0 ||
+      rename(tmp, path) < 0) {
+    log_error("cannot write pid file %s: %s", path, strerror(errno));
+    return -errno;
+  }
+  return 0;
+}
+
+static void
+server_cleanup(struct server *s)
+{
+  while (s->conns)
+    conn_close(s->conns, NULL);
+  workq_free(s->workq); /* finishes queued requests first */
+  for (int i = 0; i < s->nlisten; i++)
+    close(s->listen_fds[i]);
+  if (s->cfg.unix_path)
+    unlink(s->cfg.unix_path);
+  if (s->cfg.pidfile)
+    unlink(s->cfg.pidfile);
+  for (int i = 0; i < s->nexports; i++)
+    export_close(s->exports[i]);
+  free(s->exports);
+  loop_free(s->loop);
+  pthread_mutex_destroy(&s->resume_lock);
+}
+
+int
+server_run(struct server_config *cfg, char **export_args, int nexports)
+{
+  struct server s = { .cfg = *cfg };
+  int ret = 1;
+  sigset_t mask;
+
+  pthread_mutex_init(&s.resume_lock, NULL);
+  s.exports = calloc((size_t)nexports, sizeof *s.exports);
+  s.loop = loop_new();
+  if (s.exports == NULL || s.loop == NULL)
+    goto cleanup;
+  for (int i = 0; i < nexports; i++) {
+    if (export_open(export_args[i], cfg->read_only, &s.exports[i]) < 0)
+      goto cleanup;
+    s.nexports++;
+    for (int j = 0; j < i; j++)
+      if (strcmp(s.exports[j]->name, s.exports[i]->name) == 0) {
+        log_error("export name \"%s\" given twice", s.exports[i]->name);
+        goto cleanup;
+      }
+  }
+  /* Block the stop signals before any thread starts, so that only the
+   * loop's signalfd sees them. */
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGINT);
+  sigaddset(&mask, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &mask, NULL);
+  s.workq = workq_new(cfg->threads);
+  if (s.workq == NULL) {
+    log_error("cannot start %d worker threads: %s", cfg->threads,
+              strerror(errno));
+    goto cleanup;
+  }
+  if (server_listen(&s) < 0)
+    goto cleanup;
+  for (int i = 0; i < s.nlisten; i++)
+    loop_add(s.loop, s.listen_fds[i], EPOLLIN, server_accept, &s);
+
+  int sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+  if (sfd >= 0)
+    loop_add(s.loop, sfd, EPOLLIN, server_on_signal, &s);
+  loop_set_tick(s.loop, 500, server_tick, &s);
+
+  if (cfg->pidfile && server_write_pidfile(cfg->pidfile) < 0)
+    goto cleanup;
+  for (int i = 0; i < s.nexports; i++)
+    log_info("export \"%s\": %s, %llu bytes%s", s.exports[i]->name,
+             s.exports[i]->ops->kind, (unsigned long long)s.exports[i]->size,
+             s.exports[i]->read_only ? ", read-only" : "");
+  ret = loop_run(s.loop) < 0 ? 1 : 0;
+  if (sfd >= 0)
+    close(sfd);
+cleanup:
+  server_cleanup(&s);
+  return ret;
+}

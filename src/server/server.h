@@ -1,0 +1,185 @@
+/* server.h: the NBD server: configuration, connections and requests.
+ *
+ * Threads: one event-loop thread owns the listeners, every connection's
+ * reading side and its handshake. Requests run on a worker pool; a worker
+ * sends its own reply when the socket takes it at once, and otherwise
+ * leaves it queued for the loop to flush on EPOLLOUT. Nothing on the loop
+ * thread ever blocks. */
+#ifndef NBDFLOW_SERVER_SERVER_H
+#define NBDFLOW_SERVER_SERVER_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "net/loop.h"
+#include "net/transport.h"
+#include "proto/wire.h"
+#include "server/export.h"
+#include "util/workq.h"
+
+#define SERVER_MAX_LISTEN 8
+#define SERVER_DEFAULT_INFLIGHT 32
+#define SERVER_MAX_PAYLOAD (32u << 20) /* advertised maximum block size */
+#define SERVER_PREFERRED_BLOCK 4096
+#define SERVER_MAX_OPTION (64u << 10) /* option data we agree to buffer */
+#define SERVER_UNIX_SNDBUF (2 << 20)
+
+struct server_config {
+  const char *listen;  /* HOST:PORT, NULL for the default */
+  const char *unix_path;
+  bool read_only;
+  int max_connections;  /* 0: unlimited */
+  int max_inflight;     /* per connection */
+  int handshake_timeout; /* seconds */
+  int threads;
+  const char *pidfile;
+  bool stats;
+};
+
+struct conn;
+
+struct server {
+  struct server_config cfg;
+  struct export **exports; /* exports[0] is also the default export */
+  int nexports;
+  struct loop *loop;
+  struct workq *workq;
+  int listen_fds[SERVER_MAX_LISTEN];
+  int nlisten;
+  int nconns;
+  struct conn *conns; /* all live connections, loop thread only */
+
+  /* Connections a worker asked the loop to look at again (resume reading
+   * after backpressure, flush, or finish closing). */
+  pthread_mutex_t resume_lock;
+  struct conn *resume; /* protected by resume_lock */
+};
+
+enum conn_state {
+  CS_CLIENT_FLAGS, /* reading the 4-byte client flags */
+  CS_OPT_HDR,
+  CS_OPT_DATA,
+  CS_OPT_DISCARD, /* option data too large to keep: dropped as it comes */
+  CS_REQ_HDR,
+  CS_REQ_PAYLOAD,
+  CS_REQ_DISCARD, /* WRITE payload of a request that already failed */
+  CS_CLOSING,     /* no more reading; close when the last reply is out */
+};
+
+#define REQ_MAX_CHUNKS 16
+
+/* One request in transmission. Owned by the loop while its payload is
+ * read, then by one worker while it runs, then by the connection's send
+ * queue until its reply has left; then it returns to the connection's free
+ * list. buf belongs to the request the whole time: no one else writes it. */
+struct req {
+  struct work work;
+  struct conn *c;
+  struct wire_request r;
+  uint8_t *buf;       /* WRITE payload or READ data */
+  size_t buf_cap;
+  uint32_t error;     /* NBD error to send, 0 for success */
+  const char *errmsg; /* static text for structured error chunks */
+  struct extent *ext; /* BLOCK_STATUS result, owned, grown on demand */
+  int ext_cap;
+  int next_count;
+
+  /* The reply: headers in hdr, data slices of buf, ready for writev. */
+  uint8_t hdr[REQ_MAX_CHUNKS * (NBD_EXTENDED_REPLY_LEN + 12) + 64];
+  struct iovec iov[2 * REQ_MAX_CHUNKS + 2];
+  int iovcnt;
+  struct iovec *iov_cur; /* first unsent slice */
+  int iov_left;
+  struct req *next;   /* free list or send queue link */
+};
+
+struct conn {
+  struct server *srv;
+  struct loop *loop;
+  int fd;
+  struct transport t;
+  char peer[80];
+  bool is_tcp;
+  enum conn_state state;
+  uint64_t deadline_ms; /* end of the handshake time limit, 0 after it */
+
+  /* Input: small messages land in inbuf; large payloads are read straight
+   * into the request buffer. dst/need/have describe the current target. */
+  uint8_t inbuf[16384];
+  size_t in_off, in_len;
+  uint8_t *dst;
+  size_t need, have;
+  uint8_t msg[64]; /* the fixed-size message being read */
+  int nlogged;     /* bad-input lines logged, to cap a flood */
+
+  /* Handshake state. */
+  uint32_t cflags;
+  struct wire_opt opt;
+  uint8_t *opt_buf;        /* owned, the current option's data */
+  uint64_t discard_left;   /* bytes still to drop (option or payload) */
+  uint8_t discard_buf[4096];
+  bool structured, extended, tls;
+  struct export *meta_export; /* last SET_META_CONTEXT's export, or NULL */
+  bool meta_base_allocation;  /* base:allocation selected */
+  struct export *exp;         /* after GO / EXPORT_NAME */
+
+  /* Handshake output, flushed before reading more. Owned here. */
+  uint8_t *hs_out;
+  size_t hs_out_len, hs_out_cap;
+
+  /* Transmission. cur is the request being read (loop thread only). */
+  struct req *cur;
+
+  /* Shared between the loop and workers, under lock. */
+  pthread_mutex_t lock;
+  int refs;             /* loop's own + one per request out of the loop */
+  int inflight;         /* requests between header and reply sent */
+  bool paused;          /* EPOLLIN off: max_inflight reached */
+  bool dead;            /* socket unusable: drop replies */
+  bool want_out;        /* EPOLLOUT armed */
+  bool closing;         /* DISC seen: close after the last reply */
+  bool hs_failed;       /* handshake output could not be queued */
+  bool send_failed;     /* a worker saw the socket fail: loop closes */
+  bool in_resume;       /* on srv->resume */
+  struct req *sendq, *sendq_tail; /* replies waiting for the socket */
+  struct req *free_reqs;
+  int nfree;
+
+  struct conn *next, *prev;   /* srv->conns, loop thread only */
+  struct conn *resume_next;   /* srv->resume, under resume_lock */
+};
+
+int server_run(struct server_config *cfg, char **export_args, int nexports);
+
+/* handshake.c */
+void handshake_start(struct conn *c);
+/* Called when the current option's data has been read into opt_buf (or
+ * discarded). Returns 0, or -1 to close the connection. */
+int handshake_option(struct conn *c);
+int handshake_flags(struct conn *c);
+/* Appends to the handshake output. */
+void handshake_queue(struct conn *c, const void *p, size_t len);
+/* Sends what is queued without blocking: 1 when everything left, 0 when
+ * the rest waits for EPOLLOUT, -1 on error. */
+int handshake_flush(struct conn *c);
+
+/* transmission.c */
+/* A request header was read into c->dst. Returns 0, or -1 to close. */
+int transmission_header(struct conn *c);
+/* The WRITE payload (or discard) of c->cur is complete. */
+int transmission_payload(struct conn *c);
+/* Flushes the send queue (loop thread, EPOLLOUT). Returns -1 if dead. */
+int transmission_flush(struct conn *c);
+
+/* server.c, for the other two */
+void conn_expect(struct conn *c, enum conn_state s, void *dst, size_t need);
+void conn_close(struct conn *c, const char *why);
+void conn_put(struct conn *c);
+void conn_resume(struct conn *c); /* any thread: ask the loop to look */
+struct export *server_find_export(struct server *s, const uint8_t *name,
+                                  size_t len);
+void conn_update_events(struct conn *c); /* under c->lock */
+
+#endif

@@ -1,0 +1,637 @@
+/* transmission.c: requests and replies (§Transmission).
+ *
+ * A request's life: the loop reads and checks its header (and a WRITE's
+ * payload), dispatches it to a worker, the worker runs it against the
+ * backend and builds the reply in the request itself (headers in q->hdr,
+ * data as slices of q->buf), then req_send writes it, or queues it for
+ * the loop when the socket is full. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server.h"
+#include "util/log.h"
+
+#define LOG_CAP 16
+#define BS_MAX_EXTENTS 2048 /* descriptors in one BLOCK_STATUS reply */
+
+static void
+tx_log(struct conn *c, const char *fmt, ...)
+{
+  char msg[512];
+  va_list ap;
+  if (c->nlogged > LOG_CAP)
+    return;
+  if (c->nlogged++ == LOG_CAP) {
+    log_warn("%s: further problems on this connection are not logged",
+             c->peer);
+    return;
+  }
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  log_warn("%s: %s", c->peer, msg);
+}
+
+/* ---- request objects ---- */
+
+static void
+req_free(struct req *q)
+{
+  free(q->buf);
+  free(q->ext);
+  free(q);
+}
+
+static struct req *
+req_get(struct conn *c)
+{
+  pthread_mutex_lock(&c->lock);
+  struct req *q = c->free_reqs;
+  if (q) {
+    c->free_reqs = q->next;
+    c->nfree--;
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (q == NULL) {
+    q = calloc(1, sizeof *q);
+    if (q == NULL)
+      return NULL;
+  }
+  q->c = c;
+  q->error = 0;
+  q->errmsg = NULL;
+  q->next = NULL;
+  return q;
+}
+
+static int
+req_reserve(struct req *q, size_t n)
+{
+  if (n <= q->buf_cap)
+    return 0;
+  free(q->buf);
+  q->buf = malloc(n);
+  q->buf_cap = q->buf ? n : 0;
+  return q->buf ? 0 : -ENOMEM;
+}
+
+/* ---- building replies ---- */
+
+static void
+reply_iov(struct req *q, void *p, size_t n)
+{
+  q->iov[q->iovcnt].iov_base = p;
+  q->iov[q->iovcnt].iov_len = n;
+  q->iovcnt++;
+}
+
+static void
+reply_error(struct req *q)
+{
+  struct conn *c = q->c;
+  q->iovcnt = 0;
+  /* After structured replies, a READ must be answered in chunks; an
+   * error chunk also carries a message. */
+  if (c->extended || (c->structured && q->r.type == NBD_CMD_READ)) {
+    const char *m = q->errmsg ? q->errmsg : "";
+    uint16_t ml = (uint16_t)strlen(m);
+    size_t h = wire_encode_chunk(q->hdr, c->extended, NBD_REPLY_FLAG_DONE,
+                                 NBD_REPLY_TYPE_ERROR, q->r.cookie,
+                                 q->r.offset, 6u + ml);
+    wire_put32(q->hdr + h, q->error);
+    wire_put16(q->hdr + h + 4, ml);
+    memcpy(q->hdr + h + 6, m, ml);
+    reply_iov(q, q->hdr, h + 6 + ml);
+    return;
+  }
+  reply_iov(q, q->hdr, wire_encode_simple_reply(q->hdr, q->r.cookie,
+                                                 q->error));
+}
+
+static void
+reply_ok(struct req *q)
+{
+  struct conn *c = q->c;
+  q->iovcnt = 0;
+  if (c->extended)
+    reply_iov(q, q->hdr,
+              wire_encode_chunk(q->hdr, true, NBD_REPLY_FLAG_DONE,
+                                NBD_REPLY_TYPE_NONE, q->r.cookie,
+                                q->r.offset, 0));
+  else
+    reply_iov(q, q->hdr, wire_encode_simple_reply(q->hdr, q->r.cookie, 0));
+}
+
+static void
+req_fail(struct req *q, int err, const char *msg)
+{
+  q->error = wire_errno_to_nbd(err);
+  q->errmsg = msg;
+}
+
+/* Structured READ: one chunk per data or zero extent (§NBD_CMD_READ). */
+static void
+read_structured(struct req *q)
+{
+  struct conn *c = q->c;
+  struct export *e = c->exp;
+  struct extent ext[REQ_MAX_CHUNKS];
+  uint64_t len = q->r.length, off = q->r.offset;
+  int n = 0;
+
+  if (len == 0) {
+    q->iovcnt = 0;
+    reply_iov(q, q->hdr, wire_encode_chunk(q->hdr, c->extended,
+                                           NBD_REPLY_FLAG_DONE,
+                                           NBD_REPLY_TYPE_NONE, q->r.cookie,
+                                           off, 0));
+    return;
+  }
+  if (!(q->r.flags & NBD_CMD_FLAG_DF))
+    n = e->ops->extents(e, off, len, ext, REQ_MAX_CHUNKS - 1);
+  if (n <= 0)
+    n = 0;
+  /* Cover the whole range: what the map did not describe is data. */
+  uint64_t covered = 0;
+  for (int i = 0; i < n; i++) {
+    ext[i].flags = (ext[i].flags & NBD_STATE_ZERO) ? NBD_STATE_ZERO : 0;
+    covered += ext[i].length;
+  }
+  if (covered < len)
+    ext[n++] = (struct extent){ .length = len - covered, .flags = 0 };
+
+  uint64_t rel = 0;
+  for (int i = 0; i < n; rel += ext[i].length, i++) {
+    if (ext[i].flags)
+      continue;
+    int r = e->ops->pread(e, q->buf + rel, ext[i].length, off + rel);
+    if (r < 0) {
+      log_warn("export \"%s\": READ offset %llu length %llu: %s", e->name,
+               (unsigned long long)(off + rel),
+               (unsigned long long)ext[i].length, strerror(-r));
+      req_fail(q, -r, "read failed");
+      reply_error(q);
+      return;
+    }
+  }
+  q->iovcnt = 0;
+  uint8_t *h = q->hdr;
+  rel = 0;
+  for (int i = 0; i < n; rel += ext[i].length, i++) {
+    uint16_t done = i == n - 1 ? NBD_REPLY_FLAG_DONE : 0;
+    uint8_t *start = h;
+    if (ext[i].flags) {
+      h += wire_encode_chunk(h, c->extended, done, NBD_REPLY_TYPE_OFFSET_HOLE,
+                             q->r.cookie, off, 12);
+      wire_put64(h, off + rel);
+      wire_put32(h + 8, (uint32_t)ext[i].length);
+      h += 12;
+      reply_iov(q, start, (size_t)(h - start));
+    } else {
+      h += wire_encode_chunk(h, c->extended, done, NBD_REPLY_TYPE_OFFSET_DATA,
+                             q->r.cookie, off, 8 + ext[i].length);
+      wire_put64(h, off + rel);
+      h += 8;
+      reply_iov(q, start, (size_t)(h - start));
+      reply_iov(q, q->buf + rel, ext[i].length);
+    }
+  }
+}
+
+static void
+run_read(struct req *q)
+{
+  struct conn *c = q->c;
+  struct export *e = c->exp;
+
+  if (c->structured) {
+    read_structured(q);
+    return;
+  }
+  int r = e->ops->pread(e, q->buf, q->r.length, q->r.offset);
+  if (r < 0) {
+    log_warn("export \"%s\": READ offset %llu length %llu: %s", e->name,
+             (unsigned long long)q->r.offset,
+             (unsigned long long)q->r.length, strerror(-r));
+    req_fail(q, -r, "read failed");
+    reply_error(q);
+    return;
+  }
+  reply_ok(q);
+  reply_iov(q, q->buf, q->r.length);
+}
+
+static void
+run_block_status(struct req *q)
+{
+  struct conn *c = q->c;
+  struct export *e = c->exp;
+  int max = (q->r.flags & NBD_CMD_FLAG_REQ_ONE) ? 1 : BS_MAX_EXTENTS;
+
+  if (q->ext_cap < max) {
+    free(q->ext);
+    q->ext = malloc((size_t)max * sizeof *q->ext);
+    q->ext_cap = q->ext ? max : 0;
+  }
+  size_t per = c->extended ? 16 : 8;
+  if (q->ext == NULL || req_reserve(q, 8 + per * (size_t)max) < 0) {
+    req_fail(q, ENOMEM, "out of memory");
+    reply_error(q);
+    return;
+  }
+  int n = e->ops->extents(e, q->r.offset, q->r.length, q->ext, max);
+  if (n <= 0) {
+    log_warn("export \"%s\": BLOCK_STATUS offset %llu: %s", e->name,
+             (unsigned long long)q->r.offset, strerror(n < 0 ? -n : EIO));
+    req_fail(q, n < 0 ? -n : EIO, "block status failed");
+    reply_error(q);
+    return;
+  }
+  int m = 0; /* merge equal neighbours */
+  for (int i = 1; i < n; i++) {
+    if (q->ext[i].flags == q->ext[m].flags)
+      q->ext[m].length += q->ext[i].length;
+    else
+      q->ext[++m] = q->ext[i];
+  }
+  n = m + 1;
+  uint8_t *p = q->buf;
+  size_t plen;
+  wire_put32(p, 1); /* the context id SET_META_CONTEXT gave */
+  if (c->extended) {
+    wire_put32(p + 4, (uint32_t)n);
+    for (int i = 0; i < n; i++) {
+      wire_put64(p + 8 + 16 * i, q->ext[i].length);
+      wire_put64(p + 16 + 16 * i, q->ext[i].flags);
+    }
+    plen = 8 + 16 * (size_t)n;
+  } else {
+    for (int i = 0; i < n; i++) {
+      wire_put32(p + 4 + 8 * i, (uint32_t)q->ext[i].length);
+      wire_put32(p + 8 + 8 * i, q->ext[i].flags);
+    }
+    plen = 4 + 8 * (size_t)n;
+  }
+  q->iovcnt = 0;
+  reply_iov(q, q->hdr,
+            wire_encode_chunk(q->hdr, c->extended, NBD_REPLY_FLAG_DONE,
+                              c->extended ? NBD_REPLY_TYPE_BLOCK_STATUS_EXT
+                                          : NBD_REPLY_TYPE_BLOCK_STATUS,
+                              q->r.cookie, q->r.offset, plen));
+  reply_iov(q, q->buf, plen);
+}
+
+/* Runs the write-type commands, FLUSH and CACHE; returns 0 or -errno. */
+static int
+run_simple(struct req *q)
+{
+  struct export *e = q->c->exp;
+  const struct wire_request *r = &q->r;
+  bool fua = r->flags & NBD_CMD_FLAG_FUA;
+
+  switch (r->type) {
+  case NBD_CMD_WRITE:
+    return e->ops->pwrite(e, q->buf, r->length, r->offset, fua);
+  case NBD_CMD_FLUSH:
+    return e->ops->flush(e);
+  case NBD_CMD_TRIM:
+    return e->ops->trim(e, r->length, r->offset, fua);
+  case NBD_CMD_CACHE:
+    return e->ops->cache(e, r->length, r->offset);
+  case NBD_CMD_WRITE_ZEROES:
+    return e->ops->zero(e, r->length, r->offset,
+                        !(r->flags & NBD_CMD_FLAG_NO_HOLE),
+                        r->flags & NBD_CMD_FLAG_FAST_ZERO, fua);
+  default:
+    return -EINVAL;
+  }
+}
+
+static void req_send(struct req *q);
+
+static void
+req_run(struct work *w)
+{
+  struct req *q = (struct req *)w;
+  struct export *e = q->c->exp;
+
+  if (q->r.type == NBD_CMD_READ) {
+    run_read(q);
+  } else if (q->r.type == NBD_CMD_BLOCK_STATUS) {
+    run_block_status(q);
+  } else {
+    int r = run_simple(q);
+    if (r == 0) {
+      reply_ok(q);
+    } else {
+      bool quiet = r == -ENOTSUP && q->r.type == NBD_CMD_WRITE_ZEROES;
+      if (!quiet)
+        log_warn("export \"%s\": %s offset %llu length %llu: %s", e->name,
+                 wire_cmd_name(q->r.type), (unsigned long long)q->r.offset,
+                 (unsigned long long)q->r.length, strerror(-r));
+      req_fail(q, -r, quiet ? "zeroing would not be fast" : strerror(-r));
+      reply_error(q);
+    }
+  }
+  req_send(q);
+}
+
+/* ---- sending ---- */
+
+/* Writes what the socket takes: 1 when the reply is out, 0 when the rest
+ * must wait, -errno on failure. Called under c->lock. */
+static int
+req_try_send(struct conn *c, struct req *q)
+{
+  while (q->iov_left > 0) {
+    ssize_t n = c->t.ops->sendv(&c->t, q->iov_cur, q->iov_left, 0);
+    if (n == -EAGAIN)
+      return 0;
+    if (n < 0)
+      return (int)n;
+    q->iov_left = transport_iov_advance(&q->iov_cur, q->iov_left, (size_t)n);
+  }
+  return 1;
+}
+
+/* The reply left: the request slot and its buffer become free. Under
+ * c->lock; returns true when the loop should look at the connection. */
+static bool
+req_finish_locked(struct conn *c, struct req *q)
+{
+  bool resume = false;
+  c->inflight--;
+  if (c->nfree < c->srv->cfg.max_inflight) {
+    q->next = c->free_reqs;
+    c->free_reqs = q;
+    c->nfree++;
+  } else {
+    req_free(q);
+  }
+  if (c->paused && c->inflight < c->srv->cfg.max_inflight) {
+    c->paused = false;
+    conn_update_events(c);
+    resume = true;
+  }
+  if (c->closing && c->inflight == 0 && c->sendq == NULL)
+    resume = true;
+  return resume;
+}
+
+static void
+req_send(struct req *q)
+{
+  struct conn *c = q->c;
+  bool resume = false;
+
+  q->iov_cur = q->iov;
+  q->iov_left = q->iovcnt;
+  pthread_mutex_lock(&c->lock);
+  if (c->dead) {
+    c->inflight--;
+    pthread_mutex_unlock(&c->lock);
+    req_free(q);
+    conn_put(c);
+    return;
+  }
+  int r = c->sendq ? 0 : req_try_send(c, q);
+  bool finished = r != 0; /* a queued reply keeps its reference */
+  if (r == 1) {
+    resume = req_finish_locked(c, q);
+  } else if (r == 0) {
+    if (c->sendq_tail)
+      c->sendq_tail->next = q;
+    else
+      c->sendq = q;
+    c->sendq_tail = q;
+    q->next = NULL;
+    if (!c->want_out) {
+      c->want_out = true;
+      conn_update_events(c);
+    }
+  } else {
+    c->send_failed = true;
+    c->inflight--;
+    req_free(q);
+    resume = true;
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (resume)
+    conn_resume(c);
+  if (finished)
+    conn_put(c);
+}
+
+int
+transmission_flush(struct conn *c)
+{
+  int puts = 0, ret = 0;
+  pthread_mutex_lock(&c->lock);
+  while (c->sendq) {
+    struct req *q = c->sendq;
+    int r = req_try_send(c, q);
+    if (r == 0)
+      break;
+    if (r < 0) {
+      ret = -1;
+      break;
+    }
+    c->sendq = q->next;
+    if (c->sendq == NULL)
+      c->sendq_tail = NULL;
+    req_finish_locked(c, q);
+    puts++;
+  }
+  if (ret == 0 && c->sendq == NULL) {
+    int r = c->t.ops->flush(&c->t);
+    if (r < 0 && r != -EAGAIN)
+      ret = -1;
+    c->want_out = r == -EAGAIN;
+    conn_update_events(c);
+  }
+  bool done = c->closing && c->inflight == 0 && c->sendq == NULL;
+  pthread_mutex_unlock(&c->lock);
+  while (puts-- > 0)
+    conn_put(c); /* the loop's own reference keeps c alive here */
+  return (ret < 0 || done) ? -1 : 0;
+}
+
+/* ---- reading requests ---- */
+
+static uint32_t
+req_check(struct conn *c, const struct wire_request *r, char *why,
+          size_t wl)
+{
+  struct export *e = c->exp;
+  uint16_t allowed;
+
+  switch (r->type) {
+  case NBD_CMD_READ:
+    allowed = NBD_CMD_FLAG_FUA | (c->structured ? NBD_CMD_FLAG_DF : 0);
+    break;
+  case NBD_CMD_WRITE:
+    allowed = NBD_CMD_FLAG_FUA;
+    break;
+  case NBD_CMD_FLUSH:
+  case NBD_CMD_TRIM:
+  case NBD_CMD_CACHE:
+    allowed = NBD_CMD_FLAG_FUA;
+    break;
+  case NBD_CMD_WRITE_ZEROES:
+    allowed = NBD_CMD_FLAG_FUA | NBD_CMD_FLAG_NO_HOLE | NBD_CMD_FLAG_FAST_ZERO;
+    break;
+  case NBD_CMD_BLOCK_STATUS:
+    allowed = NBD_CMD_FLAG_FUA | NBD_CMD_FLAG_REQ_ONE;
+    break;
+  default:
+    snprintf(why, wl, "unknown command %u", r->type);
+    return NBD_EINVAL;
+  }
+  if (c->extended)
+    allowed |= NBD_CMD_FLAG_PAYLOAD_LEN;
+  if (r->flags & ~allowed) {
+    snprintf(why, wl, "%s with unsupported flags 0x%x",
+             wire_cmd_name(r->type), r->flags & ~allowed);
+    return NBD_EINVAL;
+  }
+  if ((r->flags & NBD_CMD_FLAG_PAYLOAD_LEN) && r->type != NBD_CMD_WRITE) {
+    snprintf(why, wl, "%s with a payload", wire_cmd_name(r->type));
+    return NBD_EINVAL;
+  }
+  bool writes = r->type == NBD_CMD_WRITE || r->type == NBD_CMD_TRIM ||
+                r->type == NBD_CMD_WRITE_ZEROES;
+  if (writes && e->read_only) {
+    snprintf(why, wl, "%s on read-only export \"%s\"",
+             wire_cmd_name(r->type), e->name);
+    return NBD_EPERM;
+  }
+  if (r->type == NBD_CMD_FLUSH) {
+    if (r->offset || r->length) {
+      snprintf(why, wl, "FLUSH with offset %llu length %llu",
+               (unsigned long long)r->offset, (unsigned long long)r->length);
+      return NBD_EINVAL;
+    }
+    return 0;
+  }
+  if (r->offset > e->size || r->length > e->size - r->offset) {
+    snprintf(why, wl, "export \"%s\": %s offset %llu + length %llu beyond "
+             "size %llu", e->name, wire_cmd_name(r->type),
+             (unsigned long long)r->offset, (unsigned long long)r->length,
+             (unsigned long long)e->size);
+    bool grows = r->type == NBD_CMD_WRITE || r->type == NBD_CMD_WRITE_ZEROES;
+    return grows ? NBD_ENOSPC : NBD_EINVAL;
+  }
+  if (r->type == NBD_CMD_READ && r->length > SERVER_MAX_PAYLOAD) {
+    snprintf(why, wl, "READ of %llu bytes exceeds the maximum %u",
+             (unsigned long long)r->length, SERVER_MAX_PAYLOAD);
+    return (r->flags & NBD_CMD_FLAG_DF) ? NBD_EOVERFLOW : NBD_EINVAL;
+  }
+  if (r->type == NBD_CMD_BLOCK_STATUS) {
+    if (!c->meta_base_allocation) {
+      snprintf(why, wl, "BLOCK_STATUS without a metadata context");
+      return NBD_EINVAL;
+    }
+    if (r->length == 0) {
+      snprintf(why, wl, "BLOCK_STATUS of length 0");
+      return NBD_EINVAL;
+    }
+  }
+  return 0;
+}
+
+/* Hands a request over: to a worker, or straight to the socket when there
+ * is nothing for the backend to do. */
+static void
+req_dispatch(struct conn *c, struct req *q)
+{
+  bool inline_reply = q->error != 0;
+  c->cur = NULL;
+  pthread_mutex_lock(&c->lock);
+  c->inflight++;
+  c->refs++;
+  if (c->inflight >= c->srv->cfg.max_inflight) {
+    c->paused = true;
+    conn_update_events(c);
+  }
+  pthread_mutex_unlock(&c->lock);
+
+  if (!inline_reply && q->r.length == 0 && q->r.type != NBD_CMD_FLUSH &&
+      q->r.type != NBD_CMD_READ) {
+    reply_ok(q); /* zero-length write, trim, zero, cache: nothing to do */
+    inline_reply = true;
+  }
+  if (inline_reply) {
+    if (q->error)
+      reply_error(q);
+    req_send(q);
+  } else {
+    q->work.fn = req_run;
+    workq_push(c->srv->workq, &q->work);
+  }
+  conn_expect(c, CS_REQ_HDR, c->msg, wire_request_len(c->extended));
+}
+
+int
+transmission_header(struct conn *c)
+{
+  struct req *q = req_get(c);
+  char why[256];
+
+  if (q == NULL)
+    return -1;
+  c->cur = q;
+  if (wire_decode_request(c->msg, c->extended, &q->r) < 0) {
+    tx_log(c, "bad request magic 0x%08x", wire_get32(c->msg));
+    return -1;
+  }
+  if (q->r.type == NBD_CMD_DISC) {
+    log_debug("%s: disconnect requested", c->peer);
+    pthread_mutex_lock(&c->lock);
+    c->closing = true;
+    bool now = c->inflight == 0 && c->sendq == NULL;
+    pthread_mutex_unlock(&c->lock);
+    c->state = CS_CLOSING;
+    c->dst = NULL;
+    return now ? -1 : 0; /* -1 closes at once, gracefully */
+  }
+  bool has_payload = q->r.type == NBD_CMD_WRITE ||
+                     (q->r.flags & NBD_CMD_FLAG_PAYLOAD_LEN);
+  uint64_t payload = has_payload ? q->r.length : 0;
+  if (payload > SERVER_MAX_PAYLOAD) {
+    tx_log(c, "%s payload of %llu bytes exceeds the maximum %u",
+           wire_cmd_name(q->r.type), (unsigned long long)payload,
+           SERVER_MAX_PAYLOAD);
+    return -1;
+  }
+  q->error = req_check(c, &q->r, why, sizeof why);
+  if (q->error) {
+    tx_log(c, "%s", why);
+    q->errmsg = NULL;
+  } else if ((q->r.type == NBD_CMD_READ || q->r.type == NBD_CMD_WRITE) &&
+             req_reserve(q, q->r.length) < 0) {
+    q->error = NBD_ENOMEM;
+  }
+  if (payload > 0 && q->error == 0) {
+    conn_expect(c, CS_REQ_PAYLOAD, q->buf, payload);
+    return 0;
+  }
+  if (payload > 0) { /* keep the stream in step: drop the payload */
+    c->discard_left = payload;
+    size_t n = payload < sizeof c->discard_buf ? payload
+                                               : sizeof c->discard_buf;
+    conn_expect(c, CS_REQ_DISCARD, c->discard_buf, n);
+    return 0;
+  }
+  req_dispatch(c, q);
+  return 0;
+}
+
+int
+transmission_payload(struct conn *c)
+{
+  req_dispatch(c, c->cur);
+  return 0;
+}
