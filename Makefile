@@ -1,0 +1,39 @@
+# A thin layer over Meson and Ninja. Each target installs missing Debian
+# packages first (as root), or prints the command to do so.
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+MESON_OPTS ?=
+
+.PHONY: all deps test-deps check check-asan demo bench clean
+
+all: deps $(BUILD)/build.ninja
+	ninja -C $(BUILD)
+
+deps:
+	@scripts/deps.sh build
+
+test-deps:
+	@scripts/deps.sh all
+
+$(BUILD)/build.ninja:
+	meson setup $(BUILD) $(MESON_OPTS)
+
+$(ASAN_BUILD)/build.ninja:
+	meson setup $(ASAN_BUILD) -Db_sanitize=address,undefined -Db_lundef=false $(MESON_OPTS)
+
+check: test-deps $(BUILD)/build.ninja
+	ninja -C $(BUILD)
+	tests/run $(BUILD)
+
+check-asan: test-deps $(ASAN_BUILD)/build.ninja
+	ninja -C $(ASAN_BUILD)
+	tests/run $(ASAN_BUILD)
+
+demo: test-deps all
+	scripts/demo.sh $(BUILD)/nbdflow
+
+bench: test-deps all
+	bench/run
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs the Debian packages nbdflow needs, when they are missing.
+# Usage: scripts/deps.sh build|test|all
+# As root it runs apt-get; otherwise it prints the exact command to run.
+set -euo pipefail
+
+build_pkgs=(gcc meson ninja-build pkg-config libgnutls28-dev nettle-dev
+            libxxhash-dev)
+test_pkgs=(python3 nbdkit libnbd-bin qemu-utils nbd-server gnutls-bin
+           iproute2 iputils-ping iperf3 procps)
+
+case "${1:-all}" in
+  build) want=("${build_pkgs[@]}") ;;
+  test|all) want=("${build_pkgs[@]}" "${test_pkgs[@]}") ;;
+  *) echo "usage: $0 build|test|all" >&2; exit 2 ;;
+esac
+
+missing=()
+for p in "${want[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed'; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "nbdflow: missing packages: ${missing[*]}" >&2
+  echo "run: sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+echo "nbdflow: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
