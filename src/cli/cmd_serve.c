@@ -31,6 +31,9 @@ serve_usage(FILE *f)
 "                             handshake within S seconds (default 10, 0: off)\n"
 "      --threads N            worker threads for export I/O (default 8)\n"
 "  -P, --pidfile FILE         write the pid to FILE once listening\n"
+"      --stats                sample TCP_INFO every 200 ms and log a summary\n"
+"                             per connection when it closes (stall %%, bytes\n"
+"                             per segment, RTT, delivery rate)\n"
 "  -v, --verbose              log every connection\n"
 "  -q, --quiet                log errors only\n"
 "  -h, --help                 show this help\n"
@@ -67,6 +70,7 @@ cmd_serve(int argc, char **argv)
     { "handshake-timeout", required_argument, NULL, OPT_HSTIMEOUT },
     { "threads", required_argument, NULL, OPT_THREADS },
     { "pidfile", required_argument, NULL, 'P' },
+    { "stats", no_argument, NULL, OPT_STATS },
     { "verbose", no_argument, NULL, 'v' },
     { "quiet", no_argument, NULL, 'q' },
     { "help", no_argument, NULL, 'h' },
@@ -107,6 +111,9 @@ cmd_serve(int argc, char **argv)
       break;
     case 'P':
       cfg.pidfile = optarg;
+      break;
+    case OPT_STATS:
+      cfg.stats = true;
       break;
     case 'v':
       log_threshold = LOG_DEBUG;

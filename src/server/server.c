@@ -71,6 +71,12 @@ conn_close(struct conn *c, const char *why)
   struct server *s = c->srv;
   if (why)
     log_warn("%s: %s; closing the connection", c->peer, why);
+  if (s->cfg.stats && c->is_tcp && !c->dead) {
+    char line[512];
+    tcpinfo_sample(&c->tcp, c->fd);
+    tcpinfo_format_line(&c->tcp, line, sizeof line);
+    log_info("%s: tcp: %s", c->peer, line);
+  }
   pthread_mutex_lock(&c->lock);
   if (c->dead) {
     pthread_mutex_unlock(&c->lock);
@@ -331,6 +337,7 @@ server_accept(struct loop *l, int lfd, uint32_t events, void *arg)
     c->loop = l;
     c->fd = fd;
     c->refs = 1;
+    tcpinfo_init(&c->tcp);
     snprintf(c->peer, sizeof c->peer, "%s", peer);
     pthread_mutex_init(&c->lock, NULL);
     transport_init_plain(&c->t, fd);
@@ -385,6 +392,11 @@ server_tick(struct loop *l, void *arg)
     }
     conn_put(c);
   }
+
+  if (s->cfg.stats)
+    for (struct conn *c = s->conns; c; c = c->next)
+      if (c->is_tcp)
+        tcpinfo_sample(&c->tcp, c->fd);
 
   uint64_t now = loop_now_ms();
   if (now - last_sweep < 500)
@@ -535,7 +547,7 @@ server_run(struct server_config *cfg, char **export_args, int nexports)
   int sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
   if (sfd >= 0)
     loop_add(s.loop, sfd, EPOLLIN, server_on_signal, &s);
-  loop_set_tick(s.loop, 500, server_tick, &s);
+  loop_set_tick(s.loop, SERVER_TICK_MS, server_tick, &s);
 
   if (cfg->pidfile && server_write_pidfile(cfg->pidfile) < 0)
     goto cleanup;

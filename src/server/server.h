@@ -14,6 +14,7 @@
 #include <sys/uio.h>
 
 #include "net/loop.h"
+#include "net/tcpinfo.h"
 #include "net/transport.h"
 #include "proto/wire.h"
 #include "server/export.h"
@@ -25,6 +26,7 @@
 #define SERVER_PREFERRED_BLOCK 4096
 #define SERVER_MAX_OPTION (64u << 10) /* option data we agree to buffer */
 #define SERVER_UNIX_SNDBUF (2 << 20)
+#define SERVER_TICK_MS 200 /* TCP_INFO sampling period with --stats */
 
 struct server_config {
   const char *listen;  /* HOST:PORT, NULL for the default */
@@ -103,6 +105,7 @@ struct conn {
   char peer[80];
   bool is_tcp;
   enum conn_state state;
+  struct tcpinfo_stats tcp; /* --stats: sampled by the loop's tick */
   uint64_t deadline_ms; /* end of the handshake time limit, 0 after it */
 
   /* Input: small messages land in inbuf; large payloads are read straight
