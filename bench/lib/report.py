@@ -1,0 +1,441 @@
+#!/usr/bin/env python3
+"""Turns one bench/run's raw rows into REPORT.md. Standard library only.
+
+  report.py RAWDIR REPORT
+
+RAWDIR holds results.tsv (one row per measurement, see bench/run's
+record()), meta.tsv (key, value) and commands.tsv (key, command)."""
+import os
+import statistics
+import sys
+
+COLS = ["section", "workload", "client", "server", "transport", "run",
+        "status", "seconds", "bytes", "rss_kb", "user_s", "sys_s", "extra",
+        "note"]
+MIB = 1 << 20
+OURS_SERVER = "nbdflow"
+OURS_CLIENT = "nbdflow-copy"
+TARGET_SERVER = 1.3
+TARGET_CLIENT = 1.3
+TARGET_SPARSE = 1.2
+TARGET_STOCK = 100.0
+
+
+def load(rawdir):
+    rows = []
+    with open(os.path.join(rawdir, "results.tsv")) as f:
+        for line in f:
+            parts = line.rstrip("\n").split("\t")
+            parts += [""] * (len(COLS) - len(parts))
+            r = dict(zip(COLS, parts))
+            r["run"] = int(r["run"] or 0)
+            r["extra"] = dict(kv.split("=", 1) for kv in r["extra"].split(";")
+                              if "=" in kv)
+            rows.append(r)
+    meta = []
+    with open(os.path.join(rawdir, "meta.tsv")) as f:
+        for line in f:
+            k, _, v = line.rstrip("\n").partition("\t")
+            meta.append((k, v))
+    cmds = []
+    path = os.path.join(rawdir, "commands.tsv")
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                k, _, v = line.rstrip("\n").partition("\t")
+                cmds.append((k, v))
+    return rows, meta, cmds
+
+
+def mibs(r):
+    return int(r["bytes"]) / MIB / float(r["seconds"])
+
+
+def fmt(x, digits=None):
+    if x is None:
+        return "-"
+    if digits is None:
+        digits = 0 if abs(x) >= 100 else (1 if abs(x) >= 10 else 2)
+    return "%.*f" % (digits, x)
+
+
+def fmt_ratio(x):
+    return "-" if x is None else "%.2fx" % x
+
+
+class Arm:
+    """The rows of one arm, and its statistics over successful runs."""
+
+    def __init__(self, rows):
+        self.rows = rows
+        self.ok = [r for r in rows if r["status"] == "ok"]
+        self.failed = [r for r in rows if r["status"] == "fail"]
+        self.missing = [r for r in rows if r["status"] in ("missing", "todo")]
+
+    def values(self, fn):
+        return [fn(r) for r in self.ok]
+
+    def median(self, fn):
+        v = self.values(fn)
+        return statistics.median(v) if v else None
+
+    def by_run(self, fn):
+        return {r["run"]: fn(r) for r in self.ok}
+
+    def state(self):
+        if self.missing:
+            return self.missing[0]["note"]
+        return None
+
+
+def group(rows, section, workload=None):
+    arms = {}
+    for r in rows:
+        if r["section"] != section:
+            continue
+        if workload is not None and r["workload"] != workload:
+            continue
+        key = (r["client"], r["server"], r["transport"])
+        arms.setdefault(key, []).append(r)
+    return {k: Arm(v) for k, v in arms.items()}
+
+
+def cell_speed(arm):
+    """'median (min-max)' MiB/s, or the reason there is none."""
+    if arm is None:
+        return "-"
+    if arm.state():
+        return "n/a"
+    v = arm.values(mibs)
+    if not v:
+        return "failed (%d)" % len(arm.failed)
+    s = "%s (%s-%s)" % (fmt(statistics.median(v)), fmt(min(v)), fmt(max(v)))
+    if arm.failed:
+        s += " +%d failed" % len(arm.failed)
+    return s
+
+
+def best_peer_ratio(ours, peers, fn):
+    """Ratio of our median to the best peer median, the best peer's name,
+    and the range of per-run ratios (ours in run i against the best peer
+    in run i)."""
+    if ours is None or not ours.ok:
+        return None, None, None
+    meds = {name: a.median(fn) for name, a in peers.items() if a and a.ok}
+    if not meds:
+        return None, None, None
+    best = max(meds, key=meds.get)
+    ratio = ours.median(fn) / meds[best]
+    per_run = []
+    ours_runs = ours.by_run(fn)
+    for run, v in ours_runs.items():
+        others = [a.by_run(fn).get(run) for a in peers.values() if a]
+        others = [o for o in others if o]
+        if others:
+            per_run.append(v / max(others))
+    rng = (min(per_run), max(per_run)) if per_run else None
+    return ratio, best, rng
+
+
+def verdict(ratio, target, higher_is_better=True):
+    if ratio is None:
+        return "-"
+    ok = ratio >= target if higher_is_better else ratio <= target
+    return "yes" if ok else "no"
+
+
+def section_servers(out, rows):
+    arms = group(rows, "servers")
+    if not arms:
+        return
+    clients = sorted({k[0] for k in arms})
+    servers = [s for s in ("nbdflow", "qemu-nbd", "nbdkit", "nbd-server")
+               if any(k[1] == s for k in arms)]
+    transports = [t for t in ("tcp", "unix") if any(k[2] == t for k in arms)]
+    out.append("## Servers (issue 2): stock clients write the dense image")
+    out.append("")
+    out.append("MiB/s, median (min-max) of the successful runs; each run "
+               "starts a fresh server.")
+    out.append("")
+    out.append("| client | transport | " + " | ".join(servers) + " |")
+    out.append("|---|---|" + "---|" * len(servers))
+    for c in clients:
+        for t in transports:
+            cells = [cell_speed(arms.get((c, s, t))) for s in servers]
+            out.append("| %s | %s | %s |" % (c, t, " | ".join(cells)))
+    out.append("")
+    out.append("Ratio: nbdflow serve against the best other server for the "
+               "same client and transport (target %.1fx). Per-run range: "
+               "nbdflow in run i against the best other server in run i."
+               % TARGET_SERVER)
+    out.append("")
+    out.append("| client | transport | nbdflow | best other | ratio | "
+               "per-run range | meets %.1fx |" % TARGET_SERVER)
+    out.append("|---|---|---|---|---|---|---|")
+    for c in clients:
+        for t in transports:
+            ours = arms.get((c, OURS_SERVER, t))
+            peers = {s: arms.get((c, s, t)) for s in servers
+                     if s != OURS_SERVER}
+            ratio, best, rng = best_peer_ratio(ours, peers, mibs)
+            if ours is not None and ours.state():
+                out.append("| %s | %s | n/a | - | - | - | - |" % (c, t))
+                continue
+            out.append("| %s | %s | %s | %s %s | %s | %s | %s |" % (
+                c, t, fmt(ours.median(mibs)) if ours else "-",
+                best or "-",
+                fmt(peers[best].median(mibs)) if best else "",
+                fmt_ratio(ratio),
+                "%.2f-%.2f" % rng if rng else "-",
+                verdict(ratio, TARGET_SERVER)))
+    out.append("")
+
+
+def clients_table(out, arms, workload, size_note):
+    servers = [s for s in ("nbdflow", "qemu-nbd", "nbdkit")
+               if any(k[1] == s for k in arms)]
+    clients = [c for c in ("nbdflow-copy", "nbdcopy", "qemu-img")
+               if any(k[0] == c for k in arms)]
+    transports = [t for t in ("tcp", "unix") if any(k[2] == t for k in arms)]
+    out.append("### Workload: %s (%s)" % (workload, size_note))
+    out.append("")
+    out.append("| server | transport | client | MiB/s median (min-max) | "
+               "seconds median | peak RSS MiB | CPU s (user+sys) |")
+    out.append("|---|---|---|---|---|---|---|")
+    for s in servers:
+        for t in transports:
+            for c in clients:
+                a = arms.get((c, s, t))
+                if a is None:
+                    continue
+                secs = a.median(lambda r: float(r["seconds"]))
+                rss = a.median(lambda r: int(r["rss_kb"]) / 1024.0
+                               if r["rss_kb"] else 0)
+                cpu = a.median(lambda r: float(r["user_s"] or 0) +
+                               float(r["sys_s"] or 0))
+                reason = a.state()
+                out.append("| %s | %s | %s | %s | %s | %s | %s |" % (
+                    s, t, c,
+                    "n/a (see below)" if reason else cell_speed(a),
+                    fmt(secs, 3), fmt(rss, 0), fmt(cpu, 2)))
+    out.append("")
+    out.append("Ratio: nbdflow copy against the best peer client into the "
+               "same server and transport (target %.1fx)." % TARGET_CLIENT)
+    out.append("")
+    out.append("| server | transport | nbdflow copy | best peer | ratio | "
+               "per-run range | meets %.1fx |" % TARGET_CLIENT)
+    out.append("|---|---|---|---|---|---|---|")
+    for s in servers:
+        for t in transports:
+            ours = arms.get((OURS_CLIENT, s, t))
+            peers = {c: arms.get((c, s, t)) for c in clients
+                     if c != OURS_CLIENT}
+            if ours is None or ours.state():
+                out.append("| %s | %s | n/a | - | - | - | - |" % (s, t))
+                continue
+            ratio, best, rng = best_peer_ratio(ours, peers, mibs)
+            out.append("| %s | %s | %s | %s %s | %s | %s | %s |" % (
+                s, t, fmt(ours.median(mibs)), best or "-",
+                fmt(peers[best].median(mibs)) if best else "",
+                fmt_ratio(ratio), "%.2f-%.2f" % rng if rng else "-",
+                verdict(ratio, TARGET_CLIENT)))
+    out.append("")
+
+
+def section_clients(out, rows, meta):
+    m = dict(meta)
+    any_rows = [r for r in rows if r["section"] == "clients"]
+    if not any_rows:
+        return
+    out.append("## Clients (issue 3): each client writes into the same "
+               "server")
+    out.append("")
+    notes = {"dense": m.get("size", ""),
+             "sparse": m.get("sparse", ""),
+             "sparse-data": "the sparse image's data extents back to back"}
+    for wl in ("dense", "sparse", "sparse-data"):
+        arms = group(rows, "clients", wl)
+        if arms:
+            clients_table(out, arms, wl, notes[wl])
+    sp, sd = group(rows, "clients", "sparse"), group(rows, "clients",
+                                                     "sparse-data")
+    if sp and sd:
+        out.append("### Sparse copy against a dense copy of its data")
+        out.append("")
+        out.append("Median seconds of the sparse copy divided by the median "
+                   "seconds of copying only its data densely (target: "
+                   "nbdflow copy within %.1fx)." % TARGET_SPARSE)
+        out.append("")
+        out.append("| client | server | transport | sparse s | data-only s | "
+                   "ratio | within %.1fx |" % TARGET_SPARSE)
+        out.append("|---|---|---|---|---|---|---|")
+        secs = lambda r: float(r["seconds"])
+        for key in sorted(sp):
+            a, b = sp[key], sd.get(key)
+            if b is None or a.state() or b.state() or not a.ok or not b.ok:
+                continue
+            ratio = a.median(secs) / b.median(secs)
+            out.append("| %s | %s | %s | %s | %s | %s | %s |" % (
+                key[0], key[1], key[2], fmt(a.median(secs), 3),
+                fmt(b.median(secs), 3), fmt_ratio(ratio),
+                verdict(ratio, TARGET_SPARSE, higher_is_better=False)))
+        out.append("")
+
+
+def section_stock(out, rows, meta):
+    arms = {}
+    for r in rows:
+        if r["section"] == "stock":
+            arms.setdefault((r["workload"], r["server"]), []).append(r)
+    if not arms:
+        return
+    arms = {k: Arm(v) for k, v in arms.items()}
+    rps = lambda r: float(r["extra"].get("req_per_s", 0))
+    out.append("## Stock sparse_dd-shaped client (issue 2)")
+    out.append("")
+    out.append("`nbdflow-stockclient`: Nagle on, request header and payload "
+               "in two write() calls, one request in flight, over TCP "
+               "loopback; each run bounded by %s. A stall is a request "
+               "slower than 10 ms." % dict(meta).get("stock", ""))
+    out.append("")
+    out.append("| request size | server | req/s median (min-max) | "
+               "latency p50 ms | latency max ms | stalled requests "
+               "(median) |")
+    out.append("|---|---|---|---|---|---|")
+    sizes = []
+    for (size, srv) in arms:
+        if size not in sizes and size != "-":
+            sizes.append(size)
+    order = ("nbdflow", "qemu-nbd", "nbdkit", "nbd-server")
+    for size in sizes:
+        for srv in order:
+            a = arms.get((size, srv))
+            if a is None:
+                continue
+            if a.state():
+                out.append("| %s | %s | n/a: %s | - | - | - |"
+                           % (size, srv, a.state()))
+                continue
+            v = a.values(rps)
+            if not v:
+                out.append("| %s | %s | failed: %s | - | - | - |"
+                           % (size, srv, a.failed[0]["note"]
+                              if a.failed else ""))
+                continue
+            p50 = a.median(lambda r: float(r["extra"].get("lat_p50_ms", 0)))
+            mx = max(a.values(lambda r: float(r["extra"].get("lat_max_ms",
+                                                             0))))
+            st = a.median(lambda r: float(r["extra"].get(
+                "stalls_over_10ms", 0)))
+            out.append("| %s | %s | %s (%s-%s) | %s | %s | %s |" % (
+                size, srv, fmt(statistics.median(v), 1), fmt(min(v), 1),
+                fmt(max(v), 1), fmt(p50, 3), fmt(mx, 2), fmt(st, 0)))
+    out.append("")
+    out.append("Ratio: nbdflow serve's median req/s over each other "
+               "server's (target at 512 B: at least %.0fx, and no stalls)."
+               % TARGET_STOCK)
+    out.append("")
+    peers = [s for s in order if s != OURS_SERVER]
+    out.append("| request size | " + " | ".join("vs " + p for p in peers) +
+               " |")
+    out.append("|---|" + "---|" * len(peers))
+    for size in sizes:
+        ours = arms.get((size, OURS_SERVER))
+        cells = []
+        for p in peers:
+            a = arms.get((size, p))
+            if (ours is None or a is None or ours.state() or a.state() or
+                    not ours.ok or not a.ok):
+                cells.append("-")
+            else:
+                cells.append(fmt_ratio(ours.median(rps) / a.median(rps)))
+        out.append("| %s | %s |" % (size, " | ".join(cells)))
+    out.append("")
+
+
+def section_notes(out, rows):
+    missing = [r for r in rows if r["status"] in ("missing", "todo")]
+    failed = [r for r in rows if r["status"] == "fail"]
+    if not missing and not failed:
+        return
+    out.append("## Arms not measured, and failures")
+    out.append("")
+    seen = set()
+    for r in missing:
+        key = (r["section"], r["client"], r["server"], r["note"])
+        if key in seen:
+            continue
+        seen.add(key)
+        who = " -> ".join(x for x in (r["client"], r["server"]) if x != "-")
+        out.append("- %s: %s%s" % (r["section"], (who + ": ") if who else "",
+                                   r["note"]))
+    for r in failed:
+        out.append("- FAILED %s/%s run %d: %s -> %s over %s: %s" % (
+            r["section"], r["workload"], r["run"], r["client"], r["server"],
+            r["transport"], r["note"]))
+    out.append("")
+
+
+def main(argv):
+    if len(argv) != 3:
+        sys.exit(__doc__)
+    rawdir, report = argv[1], argv[2]
+    rows, meta, cmds = load(rawdir)
+    m = dict(meta)
+    out = ["# nbdflow benchmark report", ""]
+    out.append("Written by `bench/run` on %s, commit `%s`, in %s s. "
+               "Sections: %s. Runs per arm: %s." % (
+                   m.get("started", "?"), m.get("git", "?"),
+                   m.get("duration_s", "?"), m.get("sections", "?"),
+                   m.get("runs", "?")))
+    out.append("")
+    out.append("## Method")
+    out.append("")
+    out.append("- Arms are interleaved: every run goes once through every "
+               "arm of its table before the next run starts (A B C A B C). "
+               "Medians and ranges are over the successful runs.%s" % (
+                   " One unrecorded warm-up copy precedes each table."
+                   if m.get("warmup") == "1" else ""))
+    out.append("- Time is the client's wall clock from exec to exit; the "
+               "server is started before and stopped after, untimed. "
+               "MiB/s = image size (virtual size for the sparse image) / "
+               "time, MiB = 2^20 bytes. Peak RSS and CPU come from "
+               "`/usr/bin/time -f '%M %U %S'`.")
+    out.append("- Every copy is verified byte for byte against its source "
+               "(holes compared as zeros) after the server has stopped; a "
+               "copy that fails or mismatches is listed below and left out "
+               "of the statistics.")
+    out.append("- Storage: source and destination are files on %s, so RAM "
+               "backs both ends." % m.get("tmpfs", "tmpfs"))
+    out.append("- Destination state: %s" % m.get("state", ""))
+    out.append("- Workloads: dense image %s; sparse image %s." % (
+        m.get("size", "?"), m.get("sparse", "?")))
+    out.append("")
+    section_servers(out, rows)
+    section_clients(out, rows, meta)
+    section_stock(out, rows, meta)
+    section_notes(out, rows)
+    out.append("## Machine")
+    out.append("")
+    out.append("| item | value |")
+    out.append("|---|---|")
+    for k, v in meta:
+        if k in ("state", "sections", "runs", "started", "git"):
+            continue
+        out.append("| %s | %s |" % (k, v.replace("|", "\\|")))
+    out.append("")
+    if cmds:
+        out.append("## Commands")
+        out.append("")
+        out.append("`<tmp>` is the per-run tmpfs directory; ports are "
+                   "picked free at run time.")
+        out.append("")
+        for k, v in cmds:
+            out.append("- %s: `%s`" % (k, v))
+        out.append("")
+    with open(report, "w") as f:
+        f.write("\n".join(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv)
