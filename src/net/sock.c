@@ -298,3 +298,32 @@ sock_peer_name(int fd, char *buf, size_t len)
     snprintf(buf, len, "unix client (fd %d)", fd);
   }
 }
+
+ssize_t
+sock_splice_to_pipe(int fd, int pipefd, size_t len)
+{
+  for (;;) {
+    ssize_t n = splice(fd, NULL, pipefd, NULL, len,
+                       SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+    if (n >= 0)
+      return n;
+    if (errno != EINTR)
+      return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+  }
+}
+
+int
+sock_pipe_sized(int fds[2], size_t size)
+{
+  if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) < 0)
+    return -errno;
+  int got = fcntl(fds[1], F_SETPIPE_SZ, (int)size);
+  if (got < 0 || (size_t)got < size) {
+    int err = got < 0 ? errno : ENOBUFS;
+    close(fds[0]);
+    close(fds[1]);
+    fds[0] = fds[1] = -1;
+    return -err;
+  }
+  return 0;
+}

@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/types.h>
 
 /* "HOST:PORT", "[V6]:PORT", "HOST" or ":PORT" into host and port. host and
  * port must hold 256 and 32 bytes. Returns 0 or -EINVAL. */
@@ -34,6 +35,13 @@ int sock_set_sndbuf(int fd, int size, int *effective);
 int sock_set_rcvbuf(int fd, int size, int *effective);
 bool sock_is_tcp(int fd);
 bool sock_is_unix(int fd);
+/* Moves up to len bytes from socket fd into the pipe pipefd without
+ * copying them through user space; non-blocking. Returns bytes moved, 0 at
+ * EOF, -EAGAIN or -errno. */
+ssize_t sock_splice_to_pipe(int fd, int pipefd, size_t len);
+/* A non-blocking pipe holding at least size bytes; -errno when the kernel
+ * will not grow one that far. */
+int sock_pipe_sized(int fds[2], size_t size);
 /* "host:port" or "unix:path" of the peer, for log lines. */
 void sock_peer_name(int fd, char *buf, size_t len);
 

@@ -194,6 +194,71 @@ file_extents(struct export *e, uint64_t off, uint64_t len, struct extent *ext,
   return n;
 }
 
+/* Empties a pipe whose bytes can no longer go anywhere. */
+static void
+file_drain(int pipefd)
+{
+  char sink[4096];
+  while (read(pipefd, sink, sizeof sink) > 0)
+    ;
+}
+
+/* Writes through a bounce buffer, for file systems that cannot splice. */
+static int
+file_copy_in(struct export *e, int pipefd, uint64_t len, uint64_t off)
+{
+  size_t cap = len < (1u << 20) ? (size_t)len : (1u << 20);
+  char *buf = malloc(cap);
+  int r = 0;
+  if (buf == NULL) {
+    file_drain(pipefd);
+    return -ENOMEM;
+  }
+  while (len > 0 && r == 0) {
+    ssize_t n = read(pipefd, buf, len < cap ? (size_t)len : cap);
+    if (n <= 0) {
+      r = n < 0 && errno != EAGAIN ? -errno : -EIO;
+      break;
+    }
+    r = file_pwrite(e, buf, (uint64_t)n, off, false);
+    off += (uint64_t)n;
+    len -= (uint64_t)n;
+  }
+  free(buf);
+  if (r < 0)
+    file_drain(pipefd);
+  return r;
+}
+
+static int
+file_splice_in(struct export *e, int pipefd, uint64_t len, uint64_t off,
+               bool fua)
+{
+  loff_t pos = (loff_t)off;
+  bool moved = false;
+  int r = 0;
+
+  while (len > 0) {
+    ssize_t n = splice(pipefd, NULL, e->fd, &pos, len, SPLICE_F_MOVE);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0 && errno == EINVAL && !moved) {
+      r = file_copy_in(e, pipefd, len, (uint64_t)pos);
+      break;
+    }
+    if (n <= 0) {
+      r = n < 0 ? -errno : -EIO; /* n == 0: the payload was short */
+      file_drain(pipefd);
+      break;
+    }
+    moved = true;
+    len -= (uint64_t)n;
+  }
+  if (r == 0 && fua)
+    r = file_flush(e);
+  return r;
+}
+
 static void
 file_close(struct export *e)
 {
@@ -211,6 +276,7 @@ const struct backend_ops backend_file_ops = {
   .flush = file_flush,
   .cache = file_cache,
   .extents = file_extents,
+  .splice_in = file_splice_in,
   .close = file_close,
 };
 

@@ -38,6 +38,11 @@ struct backend_ops {
    * number of extents or -errno. */
   int (*extents)(struct export *e, uint64_t off, uint64_t len,
                  struct extent *ext, int max);
+  /* Optional: writes len bytes waiting in the pipe pipefd at off, moving
+   * pages instead of copying them where the kernel can. On return the
+   * pipe is empty, whatever the result. NULL when unsupported. */
+  int (*splice_in)(struct export *e, int pipefd, uint64_t len, uint64_t off,
+                   bool fua);
   void (*close)(struct export *e);
 };
 

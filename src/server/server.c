@@ -17,21 +17,28 @@
 
 /* ---- reference counting and closing ---- */
 
+void
+req_destroy(struct req *q)
+{
+  if (q->pipe[0] >= 0) {
+    close(q->pipe[0]);
+    close(q->pipe[1]);
+  }
+  free(q->buf);
+  free(q->ext);
+  free(q);
+}
+
 static void
 conn_free(struct conn *c)
 {
   struct req *q, *next;
   for (q = c->free_reqs; q; q = next) {
     next = q->next;
-    free(q->buf);
-    free(q->ext);
-    free(q);
+    req_destroy(q);
   }
-  if (c->cur) {
-    free(c->cur->buf);
-    free(c->cur->ext);
-    free(c->cur);
-  }
+  if (c->cur)
+    req_destroy(c->cur);
   if (c->t.ops)
     c->t.ops->free(&c->t);
   close(c->fd);
@@ -89,9 +96,7 @@ conn_close(struct conn *c, const char *why)
   pthread_mutex_unlock(&c->lock);
   while (q) {
     struct req *next = q->next;
-    free(q->buf);
-    free(q->ext);
-    free(q);
+    req_destroy(q);
     q = next;
     conn_put(c); /* the request's reference */
   }
@@ -189,11 +194,47 @@ conn_step(struct conn *c)
   case CS_REQ_HDR:
     return transmission_header(c);
   case CS_REQ_PAYLOAD:
+  case CS_REQ_SPLICE:
     return transmission_payload(c);
   case CS_CLOSING:
     return 0;
   }
   return -1;
+}
+
+/* Moves a WRITE payload from the socket into its request's pipe. Returns
+ * 1 when all of it is there, 0 when the socket is empty, -1 to close. */
+static int
+conn_read_splice(struct conn *c)
+{
+  struct req *q = c->cur;
+  if (c->in_off < c->in_len) { /* bytes that came with the header */
+    size_t n = c->in_len - c->in_off;
+    if (n > c->need - c->have)
+      n = c->need - c->have;
+    ssize_t w = write(q->pipe[1], c->inbuf + c->in_off, n);
+    if (w <= 0) {
+      log_warn("%s: cannot fill a payload pipe: %s", c->peer,
+               w < 0 ? strerror(errno) : "short write");
+      return -1;
+    }
+    c->in_off += (size_t)w;
+    c->have += (size_t)w;
+  }
+  while (c->have < c->need) {
+    ssize_t n = sock_splice_to_pipe(c->fd, q->pipe[1], c->need - c->have);
+    if (n == -EAGAIN)
+      return 0;
+    if (n <= 0) {
+      log_warn("%s: %s in the middle of a WRITE payload", c->peer,
+               n == 0 ? "client disconnected" : strerror((int)-n));
+      return -1;
+    }
+    c->have += (size_t)n;
+    if (c->is_tcp)
+      sock_set_quickack(c->fd);
+  }
+  return 1;
 }
 
 static bool
@@ -212,6 +253,16 @@ static void
 conn_read(struct conn *c)
 {
   while (conn_may_read(c)) {
+    if (c->state == CS_REQ_SPLICE) {
+      int r = conn_read_splice(c);
+      if (r == 0)
+        return;
+      if (r < 0 || transmission_payload(c) < 0) {
+        conn_close(c, NULL);
+        return;
+      }
+      continue;
+    }
     if (c->in_off < c->in_len && c->have < c->need) {
       size_t n = c->in_len - c->in_off;
       if (n > c->need - c->have)

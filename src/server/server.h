@@ -26,6 +26,7 @@
 #define SERVER_PREFERRED_BLOCK 4096
 #define SERVER_MAX_OPTION (64u << 10) /* option data we agree to buffer */
 #define SERVER_UNIX_SNDBUF (2 << 20)
+#define SERVER_SPLICE_MIN (64u << 10) /* smaller payloads are copied */
 #define SERVER_TICK_MS 200 /* TCP_INFO sampling period with --stats */
 
 struct server_config {
@@ -67,6 +68,7 @@ enum conn_state {
   CS_REQ_HDR,
   CS_REQ_PAYLOAD,
   CS_REQ_DISCARD, /* WRITE payload of a request that already failed */
+  CS_REQ_SPLICE,  /* WRITE payload moving socket -> the request's pipe */
   CS_CLOSING,     /* no more reading; close when the last reply is out */
 };
 
@@ -95,6 +97,9 @@ struct req {
   struct iovec *iov_cur; /* first unsent slice */
   int iov_left;
   struct req *next;   /* free list or send queue link */
+  int pipe[2];        /* splice path: the payload waits here, -1 unused */
+  size_t pipe_size;   /* what pipe holds at most */
+  bool spliced;       /* this WRITE's payload is in pipe, not buf */
 };
 
 struct conn {
@@ -145,6 +150,7 @@ struct conn {
   bool closing;         /* DISC seen: close after the last reply */
   bool hs_failed;       /* handshake output could not be queued */
   bool send_failed;     /* a worker saw the socket fail: loop closes */
+  bool no_splice;       /* a pipe of payload size could not be had */
   bool in_resume;       /* on srv->resume */
   struct req *sendq, *sendq_tail; /* replies waiting for the socket */
   struct req *free_reqs;
@@ -184,5 +190,6 @@ void conn_resume(struct conn *c); /* any thread: ask the loop to look */
 struct export *server_find_export(struct server *s, const uint8_t *name,
                                   size_t len);
 void conn_update_events(struct conn *c); /* under c->lock */
+void req_destroy(struct req *q);
 
 #endif

@@ -12,6 +12,8 @@
 #include <string.h>
 
 #include "server.h"
+#include "net/sock.h"
+#include <unistd.h>
 #include "util/log.h"
 
 #define LOG_CAP 16
@@ -37,14 +39,6 @@ tx_log(struct conn *c, const char *fmt, ...)
 
 /* ---- request objects ---- */
 
-static void
-req_free(struct req *q)
-{
-  free(q->buf);
-  free(q->ext);
-  free(q);
-}
-
 static struct req *
 req_get(struct conn *c)
 {
@@ -59,7 +53,9 @@ req_get(struct conn *c)
     q = calloc(1, sizeof *q);
     if (q == NULL)
       return NULL;
+    q->pipe[0] = q->pipe[1] = -1;
   }
+  q->spliced = false;
   q->c = c;
   q->error = 0;
   q->errmsg = NULL;
@@ -294,6 +290,8 @@ run_simple(struct req *q)
 
   switch (r->type) {
   case NBD_CMD_WRITE:
+    if (q->spliced)
+      return e->ops->splice_in(e, q->pipe[0], r->length, r->offset, fua);
     return e->ops->pwrite(e, q->buf, r->length, r->offset, fua);
   case NBD_CMD_FLUSH:
     return e->ops->flush(e);
@@ -369,7 +367,7 @@ req_finish_locked(struct conn *c, struct req *q)
     c->free_reqs = q;
     c->nfree++;
   } else {
-    req_free(q);
+    req_destroy(q);
   }
   if (c->paused && c->inflight < c->srv->cfg.max_inflight) {
     c->paused = false;
@@ -393,7 +391,7 @@ req_send(struct req *q)
   if (c->dead) {
     c->inflight--;
     pthread_mutex_unlock(&c->lock);
-    req_free(q);
+    req_destroy(q);
     conn_put(c);
     return;
   }
@@ -415,7 +413,7 @@ req_send(struct req *q)
   } else {
     c->send_failed = true;
     c->inflight--;
-    req_free(q);
+    req_destroy(q);
     resume = true;
   }
   pthread_mutex_unlock(&c->lock);
@@ -574,6 +572,33 @@ req_dispatch(struct conn *c, struct req *q)
   conn_expect(c, CS_REQ_HDR, c->msg, wire_request_len(c->extended));
 }
 
+/* Large WRITE payloads for exports that can take them from a pipe skip
+ * user space: socket -> pipe on the loop, pipe -> file on the worker. Only
+ * for the plain transport; TLS must decrypt in user space anyway. */
+static bool
+req_use_splice(struct conn *c, struct req *q, uint64_t payload)
+{
+  if (q->r.type != NBD_CMD_WRITE || payload < SERVER_SPLICE_MIN ||
+      c->no_splice || c->exp->ops->splice_in == NULL ||
+      c->t.ops != &transport_plain_ops)
+    return false;
+  if (q->pipe[0] >= 0 && (uint64_t)q->pipe_size >= payload)
+    return true;
+  if (q->pipe[0] >= 0) {
+    close(q->pipe[0]);
+    close(q->pipe[1]);
+  }
+  size_t want = payload < SERVER_MAX_PAYLOAD ? (size_t)payload
+                                             : SERVER_MAX_PAYLOAD;
+  if (sock_pipe_sized(q->pipe, want) < 0) {
+    c->no_splice = true; /* the kernel's pipe limits: copy instead */
+    log_debug("%s: no pipe of %zu bytes; copying payloads", c->peer, want);
+    return false;
+  }
+  q->pipe_size = want;
+  return true;
+}
+
 int
 transmission_header(struct conn *c)
 {
@@ -610,9 +635,13 @@ transmission_header(struct conn *c)
   if (q->error) {
     tx_log(c, "%s", why);
     q->errmsg = NULL;
-  } else if ((q->r.type == NBD_CMD_READ || q->r.type == NBD_CMD_WRITE) &&
-             req_reserve(q, q->r.length) < 0) {
-    q->error = NBD_ENOMEM;
+  } else if (payload > 0 && req_use_splice(c, q, payload)) {
+    q->spliced = true;
+    conn_expect(c, CS_REQ_SPLICE, NULL, payload);
+    return 0;
+  } else if (q->r.type == NBD_CMD_READ || q->r.type == NBD_CMD_WRITE) {
+    if (req_reserve(q, q->r.length) < 0)
+      q->error = NBD_ENOMEM;
   }
   if (payload > 0 && q->error == 0) {
     conn_expect(c, CS_REQ_PAYLOAD, q->buf, payload);
