@@ -1,0 +1,304 @@
+/* cmd_copy.c: "nbdflow copy [OPTIONS] SRC DST". Opens both endpoints,
+ * runs the engine, optionally verifies by reading the destination back
+ * over fresh connections, and reports. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cmd.h"
+#include "copy/endpoint.h"
+#include "copy/engine.h"
+#include "net/loop.h"
+#include "util/log.h"
+#include "util/size.h"
+
+struct copy_args {
+  const char *src, *dst;
+  unsigned connections;
+  bool verify, json;
+  struct copy_opts o;
+};
+
+static void
+copy_usage(FILE *f)
+{
+  fprintf(f,
+    "Usage: nbdflow copy [OPTIONS] SRC DST\n\n"
+    "SRC and DST: a file or block device, an NBD URI (nbd://HOST[:PORT]/NAME,\n"
+    "nbd+unix:///NAME?socket=PATH), '-' for stdin/stdout, null: (DST only),\n"
+    "or a generated SRC: pattern:SIZE, random:SIZE[:SEED], zero:SIZE,\n"
+    "sparse:SIZE[:PERIOD[:DATA]].\n\n"
+    "  --connections N        NBD connections per endpoint (default: %d when\n"
+    "                         the server advertises multi-conn, else 1)\n"
+    "  --request-size SIZE    largest read/write (default 2M)\n"
+    "  --inflight SIZE        bytes in flight (default: adaptive, 8 requests\n"
+    "                         up to 2 x bandwidth x RTT + that, cap 256M)\n"
+    "  --allocated            write every byte, zeroes included\n"
+    "  --destination-is-zero  skip zero ranges: DST already reads as zeroes\n"
+    "  --no-flush             do not flush DST at the end\n"
+    "  --verify               hash SRC while copying, read DST back, compare\n"
+    "  --progress[=json]      progress bar on a terminal, or JSON lines\n"
+    "  --json                 final report as JSON on stdout\n",
+    ENDPOINT_AUTO_CONNECTIONS);
+}
+
+static int
+copy_parse_size(const char *opt, const char *v, uint64_t *out)
+{
+  if (size_parse(v, out) < 0 || *out == 0) {
+    log_error("%s: bad size '%s'", opt, v);
+    return -1;
+  }
+  return 0;
+}
+
+static int
+copy_parse(int argc, char **argv, struct copy_args *a)
+{
+  static const struct option longopts[] = {
+    { "connections", required_argument, NULL, 'c' },
+    { "request-size", required_argument, NULL, 'r' },
+    { "inflight", required_argument, NULL, 'i' },
+    { "allocated", no_argument, NULL, 'a' },
+    { "destination-is-zero", no_argument, NULL, 'z' },
+    { "no-flush", no_argument, NULL, 'F' },
+    { "verify", no_argument, NULL, 'V' },
+    { "progress", optional_argument, NULL, 'p' },
+    { "json", no_argument, NULL, 'j' },
+    { "help", no_argument, NULL, 'h' },
+    { NULL, 0, NULL, 0 },
+  };
+  int ch;
+  uint64_t v;
+  optind = 1;
+  while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    switch (ch) {
+    case 'c':
+      if (copy_parse_size("--connections", optarg, &v) < 0 || v > 64) {
+        log_error("--connections: 1 to 64");
+        return 2;
+      }
+      a->connections = (unsigned)v;
+      break;
+    case 'r':
+      if (copy_parse_size("--request-size", optarg, &a->o.request_size) < 0)
+        return 2;
+      if (a->o.request_size > (32u << 20)) {
+        log_error("--request-size: at most 32M");
+        return 2;
+      }
+      break;
+    case 'i':
+      if (copy_parse_size("--inflight", optarg, &a->o.inflight) < 0)
+        return 2;
+      break;
+    case 'a':
+      a->o.allocated = true;
+      break;
+    case 'z':
+      a->o.dst_is_zero = true;
+      break;
+    case 'F':
+      a->o.no_flush = true;
+      break;
+    case 'V':
+      a->verify = true;
+      break;
+    case 'p':
+      if (optarg == NULL)
+        a->o.progress = COPY_PROGRESS_BAR;
+      else if (strcmp(optarg, "json") == 0)
+        a->o.progress = COPY_PROGRESS_JSON;
+      else {
+        log_error("--progress: expected nothing or =json, not '%s'", optarg);
+        return 2;
+      }
+      break;
+    case 'j':
+      a->json = true;
+      break;
+    case 'h':
+      copy_usage(stdout);
+      return 0;
+    default:
+      copy_usage(stderr);
+      return 2;
+    }
+  }
+  if (optind != argc - 2) {
+    copy_usage(stderr);
+    return 2;
+  }
+  a->src = argv[optind];
+  a->dst = argv[optind + 1];
+  if (a->verify && (strcmp(a->dst, "null:") == 0 || strcmp(a->dst, "-") == 0 ||
+                    strcmp(a->src, "-") == 0)) {
+    log_error("--verify needs a source and a destination that can be read "
+              "back (not '-' or null:)");
+    return 2;
+  }
+  return -1;
+}
+
+/* One event loop, worker pool and pair of endpoints. */
+struct copy_session {
+  struct loop *loop;
+  struct ep_env env;
+  bool env_ok;
+  struct endpoint *src, *dst;
+};
+
+static int
+copy_session_open(struct copy_session *s)
+{
+  memset(s, 0, sizeof *s);
+  s->loop = loop_new();
+  if (s->loop == NULL || ep_env_init(&s->env, s->loop, 4) < 0) {
+    log_error("cannot set up the event loop: %s", strerror(errno));
+    return -1;
+  }
+  s->env_ok = true;
+  return 0;
+}
+
+static void
+copy_session_close(struct copy_session *s)
+{
+  if (s->env_ok)
+    ep_env_fini(&s->env); /* joins workers before endpoints go away */
+  endpoint_close(s->src);
+  endpoint_close(s->dst);
+  loop_free(s->loop);
+}
+
+static void
+copy_report_json(const struct copy_args *a, const struct copy_stats *st,
+                 bool verified)
+{
+  double mibs = st->seconds > 0 ? (double)st->done / 1048576.0 / st->seconds
+                                : 0;
+  printf("{\"source\": \"%s\", \"destination\": \"%s\", "
+         "\"bytes_total\": %llu, \"bytes_copied\": %llu, "
+         "\"bytes_zeroed\": %llu, \"bytes_skipped\": %llu, "
+         "\"seconds\": %.3f, \"mib_per_s\": %.1f, \"requests\": %llu, "
+         "\"connections\": {\"source\": %u, \"destination\": %u}, "
+         "\"request_size\": %llu, \"window_bytes\": %llu, "
+         "\"peak_inflight_bytes\": %llu, \"peak_depth\": %u, "
+         "\"verified\": %s%s%s}\n",
+         a->src, a->dst, (unsigned long long)st->total,
+         (unsigned long long)st->copied, (unsigned long long)st->zeroed,
+         (unsigned long long)st->skipped, st->seconds, mibs,
+         (unsigned long long)st->requests, st->src_connections,
+         st->dst_connections, (unsigned long long)st->request_size,
+         (unsigned long long)st->window,
+         (unsigned long long)st->peak_inflight, st->peak_depth,
+         verified ? "true" : "false", st->tcp_json[0] ? ", \"tcp\": " : "",
+         st->tcp_json);
+}
+
+/* Reads DST back over a fresh session and compares chunk digests. */
+static int
+copy_verify(struct copy_args *a, const struct copy_chunks *want,
+            uint64_t size)
+{
+  struct copy_session s;
+  char err[512];
+  struct copy_chunks got = { 0 };
+  struct copy_stats st;
+  int rc = 1;
+  if (copy_session_open(&s) < 0)
+    goto out;
+  struct endpoint_opts eo = { .write = false, .connections = a->connections };
+  if (endpoint_open(&s.env, a->dst, &eo, &s.src, err, sizeof err) < 0) {
+    log_error("verify: %s", err);
+    goto out;
+  }
+  struct copy_opts o = { .request_size = a->o.request_size,
+                         .inflight = a->o.inflight, .max_bytes = size,
+                         .progress = a->o.progress, .label = "verify",
+                         .chunks = &got };
+  if (size == 0)
+    o.max_bytes = 0;
+  if (copy_run(&s.env, s.src, NULL, &o, &st, err, sizeof err) < 0) {
+    log_error("verify: %s", err);
+    goto out;
+  }
+  if (size > 0 && st.done != size) {
+    log_error("verify: read back %llu bytes of %s, expected %llu",
+              (unsigned long long)st.done, a->dst, (unsigned long long)size);
+    goto out;
+  }
+  for (uint64_t i = 0; i < want->n || i < got.n; i++) {
+    if (i < want->n && i < got.n && want->d[i] == got.d[i])
+      continue;
+    uint64_t off = i * COPY_CHUNK;
+    uint64_t end = off + COPY_CHUNK < size ? off + COPY_CHUNK : size;
+    log_error("verify: %s differs from %s in bytes %llu to %llu (length "
+              "%llu)", a->dst, a->src, (unsigned long long)off,
+              (unsigned long long)end, (unsigned long long)(end - off));
+    goto out;
+  }
+  rc = 0;
+out:
+  copy_chunks_free(&got);
+  copy_session_close(&s);
+  return rc;
+}
+
+int
+cmd_copy(int argc, char **argv)
+{
+  struct copy_args a = { 0 };
+  a.o.label = "copy";
+  int rc = copy_parse(argc, argv, &a);
+  if (rc >= 0)
+    return rc;
+  rc = 1;
+  struct copy_session s;
+  struct copy_chunks chunks = { 0 };
+  struct copy_stats st;
+  char err[512];
+  if (copy_session_open(&s) < 0)
+    goto out;
+  struct endpoint_opts so = { .write = false, .connections = a.connections };
+  if (endpoint_open(&s.env, a.src, &so, &s.src, err, sizeof err) < 0) {
+    log_error("%s", err);
+    goto out;
+  }
+  struct endpoint_opts dopt = {
+    .write = true, .connections = a.connections, .allocated = a.o.allocated,
+    .create_size = s.src->size_known ? s.src->size : UINT64_MAX,
+  };
+  if (endpoint_open(&s.env, a.dst, &dopt, &s.dst, err, sizeof err) < 0) {
+    log_error("%s", err);
+    goto out;
+  }
+  if (s.src->size_known && s.dst->size_known && s.dst->size < s.src->size) {
+    log_error("%s (%llu bytes) is smaller than %s (%llu bytes)", a.dst,
+              (unsigned long long)s.dst->size, a.src,
+              (unsigned long long)s.src->size);
+    goto out;
+  }
+  if (a.verify)
+    a.o.chunks = &chunks;
+  if (copy_run(&s.env, s.src, s.dst, &a.o, &st, err, sizeof err) < 0) {
+    log_error("%s", err);
+    goto out;
+  }
+  uint64_t size = st.total;
+  copy_session_close(&s);
+  s.env_ok = false;
+  s.src = s.dst = NULL;
+  s.loop = NULL;
+  if (a.verify && copy_verify(&a, &chunks, size) != 0)
+    goto out;
+  if (a.json)
+    copy_report_json(&a, &st, a.verify);
+  rc = 0;
+out:
+  copy_chunks_free(&chunks);
+  copy_session_close(&s);
+  return rc;
+}

@@ -1,0 +1,353 @@
+/* cmd_info.c: "nbdflow info TARGET [--json] [--map] [--list]": an
+ * export's size, flags, block sizes, meta contexts and allocation map, in
+ * the spirit of nbdinfo. TARGET is an NBD URI or a local file. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli/cmd.h"
+#include "client/client.h"
+#include "copy/endpoint.h"
+#include "proto/nbd.h"
+#include "util/log.h"
+#include "util/size.h"
+#include "util/uri.h"
+
+struct info_args {
+  const char *target;
+  bool json, map, list;
+};
+
+/* One run of the allocation map, merged with equal neighbours. */
+struct info_map {
+  bool json;
+  bool any;
+  uint64_t off, len;
+  uint32_t type;
+};
+
+static void
+info_json_str(const char *s)
+{
+  putchar('"');
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    if (*p == '"' || *p == '\\')
+      printf("\\%c", *p);
+    else if (*p < 0x20)
+      printf("\\u%04x", *p);
+    else
+      putchar(*p);
+  }
+  putchar('"');
+}
+
+static const char *
+info_type_name(uint32_t t)
+{
+  switch (t & 3) {
+  case 0:
+    return "data";
+  case NBD_STATE_HOLE:
+    return "hole";
+  case NBD_STATE_ZERO:
+    return "zero";
+  default:
+    return "hole,zero";
+  }
+}
+
+static void
+info_map_emit(struct info_map *m)
+{
+  if (m->len == 0)
+    return;
+  if (m->json)
+    printf("%s{ \"offset\": %llu, \"length\": %llu, \"type\": %u, "
+           "\"description\": \"%s\" }",
+           m->any ? ",\n" : "[\n", (unsigned long long)m->off,
+           (unsigned long long)m->len, m->type, info_type_name(m->type));
+  else
+    printf("%12llu %12llu %4u  %s\n", (unsigned long long)m->off,
+           (unsigned long long)m->len, m->type, info_type_name(m->type));
+  m->any = true;
+}
+
+static void
+info_map_add(struct info_map *m, uint64_t len, uint32_t type)
+{
+  type &= NBD_STATE_HOLE | NBD_STATE_ZERO;
+  if (m->len && m->type == type) {
+    m->len += len;
+    return;
+  }
+  info_map_emit(m);
+  m->off += m->len;
+  m->len = len;
+  m->type = type;
+}
+
+static void
+info_map_end(struct info_map *m)
+{
+  info_map_emit(m);
+  if (m->json)
+    printf(m->any ? "\n]\n" : "[]\n");
+}
+
+static int
+info_map_nbd(struct client_conn *c, bool json)
+{
+  struct info_map m = { .json = json };
+  struct client_extent ext[1024];
+  uint64_t off = 0, size = c->info.size;
+  if (!c->info.allocation) {
+    info_map_add(&m, size, 0); /* no context: all data, the safe answer */
+    info_map_end(&m);
+    return 0;
+  }
+  while (off < size) {
+    uint64_t len = size - off;
+    if (len > ENDPOINT_STATUS_SPAN)
+      len = ENDPOINT_STATUS_SPAN;
+    struct client_req r = { .type = NBD_CMD_BLOCK_STATUS, .offset = off,
+                            .length = len, .extents = ext,
+                            .max_extents = 1024 };
+    int err = client_run(c, &r, 60000);
+    if (err < 0) {
+      log_error("block status at offset %llu: %s%s%s",
+                (unsigned long long)off, strerror(-err),
+                r.errmsg[0] ? ": " : "", r.errmsg);
+      return err;
+    }
+    if (r.nextents == 0) {
+      log_error("block status at offset %llu: empty reply",
+                (unsigned long long)off);
+      return -EPROTO;
+    }
+    for (size_t i = 0; i < r.nextents && off < size; i++) {
+      uint64_t l = ext[i].length;
+      if (l > size - off)
+        l = size - off;
+      info_map_add(&m, l, ext[i].flags);
+      off += l;
+    }
+  }
+  info_map_end(&m);
+  return 0;
+}
+
+static int
+info_map_file(int fd, uint64_t size, bool json)
+{
+  struct info_map m = { .json = json };
+  uint64_t off = 0;
+  while (off < size) {
+    struct endpoint_extent e;
+    int r = endpoint_file_extent(fd, off, size, &e);
+    if (r < 0) {
+      log_error("seek at offset %llu: %s", (unsigned long long)off,
+                strerror(-r));
+      return r;
+    }
+    info_map_add(&m, e.length,
+                 e.zero ? NBD_STATE_HOLE | NBD_STATE_ZERO : 0);
+    off += e.length;
+  }
+  info_map_end(&m);
+  return 0;
+}
+
+static void
+info_flag(bool json, const char *name, bool v)
+{
+  if (json)
+    printf(",\n\t\"%s\": %s", name, v ? "true" : "false");
+  else
+    printf("\t%s: %s\n", name, v ? "true" : "false");
+}
+
+static void
+info_print_nbd(const struct client_conn *c, const char *uri, bool json)
+{
+  const struct client_info *in = &c->info;
+  uint16_t f = in->tflags;
+  char sz[32];
+  if (json) {
+    printf("{\n\"protocol\": \"%s\",\n\"TLS\": false,\n\"structured\": %s,\n",
+           in->protocol, in->structured ? "true" : "false");
+    printf("\"extended\": %s,\n", in->extended ? "true" : "false");
+    if (in->nexports) {
+      printf("\"export-names\": [");
+      for (size_t i = 0; i < in->nexports; i++) {
+        printf(i ? ", " : " ");
+        info_json_str(in->exports[i]);
+      }
+      printf(" ],\n");
+    }
+    printf("\"exports\": [\n\t{\n\t\"export-name\": ");
+    info_json_str(in->name ? in->name : "");
+    if (in->description) {
+      printf(",\n\t\"description\": ");
+      info_json_str(in->description);
+    }
+    printf(",\n\t\"uri\": ");
+    info_json_str(uri);
+    printf(",\n\t\"contexts\": [%s]", in->allocation ? " \"base:allocation\" " : "");
+  } else {
+    printf("protocol: %s without TLS%s\n", in->protocol,
+           in->extended ? ", using extended packets"
+           : in->structured ? ", using structured packets" : "");
+    for (size_t i = 0; i < in->nexports; i++)
+      printf("listed export: \"%s\"\n", in->exports[i]);
+    printf("export=\"%s\":\n", in->name ? in->name : "");
+    if (in->description)
+      printf("\tdescription: %s\n", in->description);
+    printf("\texport-size: %llu (%s)\n", (unsigned long long)in->size,
+           size_format(in->size, sz, sizeof sz));
+    printf("\turi: %s\n", uri);
+    printf("\tcontexts:\n%s", in->allocation ? "\t\tbase:allocation\n" : "");
+  }
+  info_flag(json, "is_rotational", f & NBD_FLAG_ROTATIONAL);
+  info_flag(json, "is_read_only", f & NBD_FLAG_READ_ONLY);
+  info_flag(json, "can_cache", f & NBD_FLAG_SEND_CACHE);
+  info_flag(json, "can_df", f & NBD_FLAG_SEND_DF);
+  info_flag(json, "can_fast_zero", f & NBD_FLAG_SEND_FAST_ZERO);
+  info_flag(json, "can_flush", f & NBD_FLAG_SEND_FLUSH);
+  info_flag(json, "can_fua", f & NBD_FLAG_SEND_FUA);
+  info_flag(json, "can_multi_conn", f & NBD_FLAG_CAN_MULTI_CONN);
+  info_flag(json, "can_trim", f & NBD_FLAG_SEND_TRIM);
+  info_flag(json, "can_zero", f & NBD_FLAG_SEND_WRITE_ZEROES);
+  if (json) {
+    if (in->has_block_size)
+      printf(",\n\t\"block_size_minimum\": %u,\n\t\"block_size_preferred\": "
+             "%u,\n\t\"block_size_maximum\": %u",
+             in->min_block, in->pref_block, in->max_block);
+    printf(",\n\t\"transmission_flags\": %u", f);
+    printf(",\n\t\"export-size\": %llu,\n\t\"export-size-str\": \"%s\"\n\t} "
+           "]\n}\n",
+           (unsigned long long)in->size, size_format(in->size, sz, sizeof sz));
+  } else {
+    if (in->has_block_size)
+      printf("\tblock_size_minimum: %u\n\tblock_size_preferred: %u\n"
+             "\tblock_size_maximum: %u\n",
+             in->min_block, in->pref_block, in->max_block);
+    printf("\ttransmission_flags: 0x%04x\n", f);
+  }
+}
+
+static int
+info_nbd(const struct info_args *a)
+{
+  struct nbd_uri u;
+  char err[256];
+  if (uri_parse(a->target, &u, err, sizeof err) < 0) {
+    log_error("%s", err);
+    return 1;
+  }
+  struct client_opts o = { .export_name = u.export_name,
+                           .want_structured = true,
+                           .want_allocation = true,
+                           .want_list = a->list,
+                           .timeout_ms = 30000 };
+  struct client_conn c;
+  int r = client_connect(&c, &u, &o);
+  if (r < 0) {
+    log_error("%s: %s", a->target, c.errmsg);
+    uri_free(&u);
+    return 1;
+  }
+  if (a->map)
+    r = info_map_nbd(&c, a->json);
+  else
+    info_print_nbd(&c, a->target, a->json);
+  client_close(&c);
+  uri_free(&u);
+  return r < 0 ? 1 : 0;
+}
+
+static int
+info_file(const struct info_args *a)
+{
+  int fd = open(a->target, O_RDONLY | O_CLOEXEC);
+  uint64_t size;
+  char sz[32];
+  if (fd < 0) {
+    log_error("open %s: %s", a->target, strerror(errno));
+    return 1;
+  }
+  int r = endpoint_file_size(fd, &size);
+  if (r < 0) {
+    log_error("size of %s: %s", a->target, strerror(-r));
+    close(fd);
+    return 1;
+  }
+  if (a->map)
+    r = info_map_file(fd, size, a->json);
+  else if (a->json) {
+    printf("{\n\"protocol\": \"file\",\n\"exports\": [\n\t{\n\t\"uri\": ");
+    info_json_str(a->target);
+    printf(",\n\t\"export-size\": %llu,\n\t\"export-size-str\": \"%s\"\n\t} "
+           "]\n}\n",
+           (unsigned long long)size, size_format(size, sz, sizeof sz));
+  } else
+    printf("file: %s\n\texport-size: %llu (%s)\n", a->target,
+           (unsigned long long)size, size_format(size, sz, sizeof sz));
+  close(fd);
+  return r < 0 ? 1 : 0;
+}
+
+static void
+info_usage(FILE *f)
+{
+  fprintf(f,
+          "Usage: nbdflow info [--json] [--map] [--list] TARGET\n\n"
+          "TARGET is an NBD URI (nbd://HOST[:PORT]/EXPORT,\n"
+          "nbd+unix:///EXPORT?socket=PATH) or a local file or block device.\n\n"
+          "  --json   machine-readable output\n"
+          "  --map    print the allocation map (base:allocation or\n"
+          "           SEEK_DATA/SEEK_HOLE) instead of the summary\n"
+          "  --list   also list the server's exports (NBD_OPT_LIST)\n");
+}
+
+int
+cmd_info(int argc, char **argv)
+{
+  static const struct option longopts[] = {
+    { "json", no_argument, NULL, 'j' }, { "map", no_argument, NULL, 'm' },
+    { "list", no_argument, NULL, 'l' }, { "help", no_argument, NULL, 'h' },
+    { NULL, 0, NULL, 0 },
+  };
+  struct info_args a = { 0 };
+  int ch;
+  optind = 1;
+  while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    switch (ch) {
+    case 'j':
+      a.json = true;
+      break;
+    case 'm':
+      a.map = true;
+      break;
+    case 'l':
+      a.list = true;
+      break;
+    case 'h':
+      info_usage(stdout);
+      return 0;
+    default:
+      info_usage(stderr);
+      return 2;
+    }
+  }
+  if (optind != argc - 1) {
+    info_usage(stderr);
+    return 2;
+  }
+  a.target = argv[optind];
+  return uri_is_nbd(a.target) ? info_nbd(&a) : info_file(&a);
+}

@@ -1,0 +1,153 @@
+/* client.h: one NBD client connection.
+ *
+ * Two phases, as in the protocol. The handshake (client_connect) is
+ * blocking, bounded by a timeout, and runs over the connection's transport
+ * table, so that a TLS transport can later be installed after STARTTLS
+ * without touching the option code. Transmission is non-blocking and
+ * event driven: the caller submits requests (client_submit), watches the
+ * fd (EPOLLIN always, EPOLLOUT while client_wants_write), and calls
+ * client_on_events when it is ready. Replies are matched by cookie and may
+ * arrive in any order.
+ *
+ * Buffer ownership: a request's buf is borrowed by the connection from
+ * client_submit until its done callback has been called. For READ the
+ * connection writes reply data straight into it; for WRITE it sends from
+ * it. The caller must neither touch nor free it in between.
+ *
+ * Lengths from the server are never trusted: every chunk is checked
+ * against the request it answers before a byte of its payload is read. */
+#ifndef NBDFLOW_CLIENT_CLIENT_H
+#define NBDFLOW_CLIENT_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "net/transport.h"
+#include "proto/nbd.h"
+#include "util/uri.h"
+
+/* Per-connection limits on what the server may make us read. */
+#define CLIENT_MAX_EXTENTS 65536          /* descriptors per status chunk */
+#define CLIENT_MAX_OPT_REPLY (64u << 10)  /* one option reply payload */
+
+struct client_opts {
+  const char *export_name;  /* "" for the default export */
+  bool want_structured;     /* STRUCTURED_REPLY (needed for block status) */
+  bool want_extended;       /* try EXTENDED_HEADERS first */
+  bool want_allocation;     /* SET_META_CONTEXT base:allocation */
+  bool want_list;           /* collect NBD_OPT_LIST before GO */
+  int timeout_ms;           /* whole handshake; -1 for none */
+};
+
+/* What the handshake learnt. Strings are owned by the connection. */
+struct client_info {
+  const char *protocol;       /* "newstyle-fixed", "newstyle", "oldstyle" */
+  uint64_t size;
+  uint16_t tflags;
+  bool has_block_size;        /* server sent NBD_INFO_BLOCK_SIZE */
+  uint32_t min_block, pref_block, max_block; /* defaults when not sent */
+  char *name;                 /* NBD_INFO_NAME, or NULL */
+  char *description;          /* NBD_INFO_DESCRIPTION, or NULL */
+  bool structured, extended;
+  bool allocation;            /* base:allocation was selected */
+  uint32_t allocation_id;
+  char **exports;             /* NBD_OPT_LIST names when asked */
+  size_t nexports;
+};
+
+/* One extent of a BLOCK_STATUS reply (base:allocation flags). */
+struct client_extent {
+  uint64_t length;
+  uint32_t flags;
+};
+
+struct client_req;
+/* Called once per request, on the thread running client_on_events (or
+ * client_submit never: submission errors are returned, not called back).
+ * err is 0 or a positive errno. After it returns the request belongs to
+ * the caller again. */
+typedef void (*client_done_fn)(struct client_req *r, int err);
+
+struct client_req {
+  /* Filled by the caller. */
+  uint16_t type;          /* NBD_CMD_* */
+  uint16_t flags;         /* NBD_CMD_FLAG_* */
+  uint64_t offset;
+  uint64_t length;
+  void *buf;              /* READ/WRITE data, borrowed until done */
+  struct client_extent *extents; /* BLOCK_STATUS: room for max_extents */
+  size_t max_extents;
+  client_done_fn done;
+  void *arg;
+
+  /* Results. */
+  size_t nextents;        /* BLOCK_STATUS: descriptors stored */
+  char errmsg[128];       /* server's error message, if any */
+  bool completed;
+
+  /* Private to the connection. */
+  uint64_t cookie;
+  uint8_t hdr[NBD_EXTENDED_REQUEST_LEN];
+  uint8_t hdr_len;
+  bool sent;              /* fully written: replies may complete it */
+  int err;
+  uint64_t covered;       /* READ: bytes filled by data and hole chunks */
+  struct client_req *next;
+};
+
+struct client_conn {
+  struct transport tp;
+  int fd;
+  struct client_info info;
+  char errmsg[256];      /* why the handshake or the connection failed */
+  int fatal;             /* sticky errno once the connection is dead */
+
+  /* Transmission state, private. */
+  struct client_req **slots; /* in-flight requests indexed by cookie */
+  uint32_t nslots;
+  uint32_t *free_slots;
+  uint32_t nfree;
+  uint32_t generation;
+  struct client_req *sendq, *sendq_tail;
+  size_t send_off;        /* bytes of sendq's head already sent */
+  unsigned inflight;
+  uint64_t inflight_bytes;
+
+  int rx_state;
+  uint8_t rx_hdr[NBD_EXTENDED_REPLY_LEN];
+  size_t rx_have, rx_need;
+  struct client_req *rx_req;
+  uint16_t rx_type, rx_flags;
+  uint64_t rx_len;        /* payload bytes left in this chunk */
+  uint8_t *rx_dst;        /* where payload bytes go */
+  uint8_t *scratch;       /* small payloads (status, errors), owned */
+  size_t scratch_size;
+};
+
+/* Connects to the URI and runs the handshake. Returns 0, or -errno with a
+ * sentence in c->errmsg. On failure the connection is already closed. */
+int client_connect(struct client_conn *c, const struct nbd_uri *u,
+                   const struct client_opts *o);
+/* Sends DISC when the connection is healthy and idle, then closes and
+ * frees everything. In-flight requests are not called back. */
+void client_close(struct client_conn *c);
+
+/* Queues a request and tries to send it now. Returns 0, or -errno when the
+ * request is invalid for this export (nothing is queued then) or the
+ * connection is dead. */
+int client_submit(struct client_conn *c, struct client_req *r);
+/* Handles readiness of c->fd. Returns 0, or -errno when the connection
+ * died (every in-flight request has then been called back with the
+ * error). */
+int client_on_events(struct client_conn *c, uint32_t events);
+bool client_wants_write(const struct client_conn *c);
+
+/* Blocking helper for simple tools: submits r and runs the connection
+ * until r completes. Returns r's error (0 or -errno). */
+int client_run(struct client_conn *c, struct client_req *r, int timeout_ms);
+
+/* The largest READ/WRITE payload this export accepts. */
+uint64_t client_max_payload(const struct client_conn *c);
+
+#endif

@@ -1,0 +1,444 @@
+/* handshake.c: the client side of the NBD handshake (fixed newstyle with
+ * GO/INFO, STRUCTURED_REPLY or EXTENDED_HEADERS, SET_META_CONTEXT, LIST;
+ * EXPORT_NAME fallback; oldstyle). Blocking, with a deadline, over the
+ * connection's transport table. */
+#include "client/client.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "net/loop.h"
+#include "net/sock.h"
+#include "proto/wire.h"
+
+struct hs {
+  struct client_conn *c;
+  const struct client_opts *o;
+  uint64_t deadline; /* loop_now_ms() value, 0 for none */
+  bool fixed;        /* fixed newstyle on both sides */
+  bool no_zeroes;
+  uint8_t *payload;  /* last option reply payload, owned by hs */
+};
+
+static int
+hs_fail(struct hs *h, int err, const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(h->c->errmsg, sizeof h->c->errmsg, fmt, ap);
+  va_end(ap);
+  return err;
+}
+
+static int
+hs_left(struct hs *h)
+{
+  if (h->deadline == 0)
+    return -1;
+  uint64_t now = loop_now_ms();
+  return now >= h->deadline ? 0 : (int)(h->deadline - now);
+}
+
+static int
+hs_send(struct hs *h, const void *buf, size_t len, int flags)
+{
+  int r = transport_send_buf(&h->c->tp, buf, len, flags, hs_left(h));
+  if (r < 0)
+    return hs_fail(h, r, "handshake: send failed: %s", strerror(-r));
+  return 0;
+}
+
+static int
+hs_recv(struct hs *h, void *buf, size_t len)
+{
+  int r = transport_recv_all(&h->c->tp, buf, len, hs_left(h));
+  if (r < 0)
+    return hs_fail(h, r, "handshake: %s",
+                   r == -ECONNRESET ? "server closed the connection"
+                                    : strerror(-r));
+  return 0;
+}
+
+/* Sends one option: header corked onto its data. */
+static int
+hs_send_opt(struct hs *h, uint32_t opt, const void *data, uint32_t len)
+{
+  uint8_t hdr[NBD_OPT_HDR_LEN];
+  wire_encode_opt(hdr, opt, len);
+  struct iovec iov[2] = { { hdr, sizeof hdr }, { (void *)data, len } };
+  int r = transport_send_all(&h->c->tp, iov, len ? 2 : 1, 0, hs_left(h));
+  if (r < 0)
+    return hs_fail(h, r, "handshake: sending %s: %s", wire_opt_name(opt),
+                   strerror(-r));
+  return 0;
+}
+
+/* Reads one option reply for opt into *rep and h->payload. */
+static int
+hs_recv_reply(struct hs *h, uint32_t opt, struct wire_opt_reply *rep)
+{
+  uint8_t hdr[NBD_OPT_REPLY_HDR_LEN];
+  int r = hs_recv(h, hdr, sizeof hdr);
+  if (r < 0)
+    return r;
+  if (wire_decode_opt_reply(hdr, rep) < 0)
+    return hs_fail(h, -EPROTO, "handshake: bad option reply magic");
+  if (rep->option != opt)
+    return hs_fail(h, -EPROTO, "handshake: reply for option %u to %s",
+                   rep->option, wire_opt_name(opt));
+  if (rep->length > CLIENT_MAX_OPT_REPLY)
+    return hs_fail(h, -EPROTO, "handshake: %s reply of %u bytes is too long",
+                   wire_opt_name(opt), rep->length);
+  free(h->payload);
+  h->payload = malloc(rep->length + 1);
+  if (h->payload == NULL)
+    return hs_fail(h, -ENOMEM, "out of memory");
+  h->payload[rep->length] = 0;
+  return hs_recv(h, h->payload, rep->length);
+}
+
+/* Error replies carry an optional human-readable message. */
+static int
+hs_reply_error(struct hs *h, uint32_t opt, const struct wire_opt_reply *rep)
+{
+  int err = rep->type == NBD_REP_ERR_UNSUP ? -ENOTSUP
+          : rep->type == NBD_REP_ERR_UNKNOWN ? -ENOENT
+          : rep->type == NBD_REP_ERR_POLICY ? -EPERM
+          : rep->type == NBD_REP_ERR_TLS_REQD ? -EACCES
+          : -EINVAL;
+  return hs_fail(h, err, "server refused %s: %s%s%.*s", wire_opt_name(opt),
+                 wire_rep_name(rep->type), rep->length ? ": " : "",
+                 (int)(rep->length > 200 ? 200 : rep->length),
+                 (const char *)h->payload);
+}
+
+/* Options that are answered by a single ACK (STRUCTURED_REPLY,
+ * EXTENDED_HEADERS). Returns 1 on ACK, 0 on an error reply. */
+static int
+hs_simple_opt(struct hs *h, uint32_t opt)
+{
+  struct wire_opt_reply rep;
+  int r = hs_send_opt(h, opt, NULL, 0);
+  if (r < 0)
+    return r;
+  r = hs_recv_reply(h, opt, &rep);
+  if (r < 0)
+    return r;
+  if (rep.type == NBD_REP_ACK)
+    return 1;
+  if (rep.type & NBD_REP_FLAG_ERROR)
+    return 0;
+  return hs_fail(h, -EPROTO, "handshake: unexpected %s reply to %s",
+                 wire_rep_name(rep.type), wire_opt_name(opt));
+}
+
+static int
+hs_list(struct hs *h)
+{
+  struct client_info *in = &h->c->info;
+  struct wire_opt_reply rep;
+  int r = hs_send_opt(h, NBD_OPT_LIST, NULL, 0);
+  for (unsigned n = 0; r == 0 && n < 100000; n++) {
+    r = hs_recv_reply(h, NBD_OPT_LIST, &rep);
+    if (r < 0)
+      return r;
+    if (rep.type == NBD_REP_ACK)
+      return 0;
+    if (rep.type & NBD_REP_FLAG_ERROR)
+      return 0; /* listing refused: not fatal for info */
+    if (rep.type != NBD_REP_SERVER || rep.length < 4 ||
+        wire_get32(h->payload) > rep.length - 4)
+      return hs_fail(h, -EPROTO, "handshake: malformed LIST reply");
+    char **v = realloc(in->exports, (in->nexports + 1) * sizeof *v);
+    if (v == NULL)
+      return hs_fail(h, -ENOMEM, "out of memory");
+    in->exports = v;
+    v[in->nexports] = strndup((char *)h->payload + 4,
+                              wire_get32(h->payload));
+    if (v[in->nexports] == NULL)
+      return hs_fail(h, -ENOMEM, "out of memory");
+    in->nexports++;
+  }
+  return r < 0 ? r : hs_fail(h, -EPROTO, "handshake: endless LIST reply");
+}
+
+static int
+hs_set_meta(struct hs *h)
+{
+  const char *name = h->o->export_name;
+  const char *const q[] = { NBD_META_BASE_ALLOCATION };
+  uint32_t nlen = (uint32_t)strlen(name);
+  uint8_t *buf = malloc(8 + nlen + 4 + strlen(q[0]));
+  struct wire_opt_reply rep;
+  if (buf == NULL)
+    return hs_fail(h, -ENOMEM, "out of memory");
+  size_t len = wire_encode_meta_req(buf, name, nlen, q, 1);
+  int r = hs_send_opt(h, NBD_OPT_SET_META_CONTEXT, buf, (uint32_t)len);
+  free(buf);
+  for (unsigned n = 0; r == 0 && n < 1000; n++) {
+    r = hs_recv_reply(h, NBD_OPT_SET_META_CONTEXT, &rep);
+    if (r < 0)
+      return r;
+    if (rep.type == NBD_REP_ACK || (rep.type & NBD_REP_FLAG_ERROR))
+      return 0; /* no context: copies then treat everything as data */
+    if (rep.type != NBD_REP_META_CONTEXT || rep.length < 4)
+      return hs_fail(h, -EPROTO, "handshake: malformed META_CONTEXT reply");
+    size_t clen = rep.length - 4;
+    if (clen == strlen(NBD_META_BASE_ALLOCATION) &&
+        memcmp(h->payload + 4, NBD_META_BASE_ALLOCATION, clen) == 0) {
+      h->c->info.allocation = true;
+      h->c->info.allocation_id = wire_get32(h->payload);
+    }
+  }
+  return r < 0 ? r : hs_fail(h, -EPROTO, "handshake: endless META reply");
+}
+
+static void
+hs_info_item(struct hs *h, const uint8_t *p, uint32_t len)
+{
+  struct client_info *in = &h->c->info;
+  uint16_t type = wire_get16(p);
+  if (type == NBD_INFO_EXPORT && len == 12) {
+    in->size = wire_get64(p + 2);
+    in->tflags = wire_get16(p + 10);
+  } else if (type == NBD_INFO_BLOCK_SIZE && len == 14) {
+    in->has_block_size = true;
+    in->min_block = wire_get32(p + 2);
+    in->pref_block = wire_get32(p + 6);
+    in->max_block = wire_get32(p + 10);
+  } else if (type == NBD_INFO_NAME && !in->name) {
+    in->name = strndup((const char *)p + 2, len - 2);
+  } else if (type == NBD_INFO_DESCRIPTION && !in->description) {
+    in->description = strndup((const char *)p + 2, len - 2);
+  } /* unknown items are ignored (§NBD_REP_INFO) */
+}
+
+/* GO: returns 0 when transmission starts, -ENOTSUP when the server does not
+ * know GO (caller falls back to EXPORT_NAME), other -errno on failure. */
+static int
+hs_go(struct hs *h)
+{
+  const char *name = h->o->export_name;
+  uint32_t nlen = (uint32_t)strlen(name);
+  const uint16_t reqs[] = { NBD_INFO_BLOCK_SIZE, NBD_INFO_NAME,
+                            NBD_INFO_DESCRIPTION };
+  uint8_t *buf = malloc(6 + nlen + sizeof reqs);
+  struct wire_opt_reply rep;
+  bool got_export = false;
+  if (buf == NULL)
+    return hs_fail(h, -ENOMEM, "out of memory");
+  size_t len = wire_encode_info_req(buf, name, nlen, reqs, 3);
+  int r = hs_send_opt(h, NBD_OPT_GO, buf, (uint32_t)len);
+  free(buf);
+  for (unsigned n = 0; r == 0 && n < 1000; n++) {
+    r = hs_recv_reply(h, NBD_OPT_GO, &rep);
+    if (r < 0)
+      return r;
+    if (rep.type == NBD_REP_INFO) {
+      if (rep.length < 2)
+        return hs_fail(h, -EPROTO, "handshake: empty NBD_REP_INFO");
+      got_export |= wire_get16(h->payload) == NBD_INFO_EXPORT;
+      hs_info_item(h, h->payload, rep.length);
+      continue;
+    }
+    if (rep.type == NBD_REP_ACK) {
+      if (!got_export)
+        return hs_fail(h, -EPROTO, "handshake: GO acknowledged without "
+                                   "NBD_INFO_EXPORT");
+      return 0;
+    }
+    if (rep.type == NBD_REP_ERR_UNSUP && !h->c->info.extended)
+      return -ENOTSUP;
+    if (rep.type & NBD_REP_FLAG_ERROR)
+      return hs_reply_error(h, NBD_OPT_GO, &rep);
+    return hs_fail(h, -EPROTO, "handshake: unexpected %s reply to GO",
+                   wire_rep_name(rep.type));
+  }
+  return r < 0 ? r : hs_fail(h, -EPROTO, "handshake: endless GO reply");
+}
+
+/* EXPORT_NAME: no option reply; failure is a closed connection. */
+static int
+hs_export_name(struct hs *h)
+{
+  const char *name = h->o->export_name;
+  uint8_t buf[NBD_EXPORT_NAME_REPLY_LEN + NBD_ZEROES_LEN];
+  int r = hs_send_opt(h, NBD_OPT_EXPORT_NAME, name, (uint32_t)strlen(name));
+  if (r < 0)
+    return r;
+  size_t len = NBD_EXPORT_NAME_REPLY_LEN + (h->no_zeroes ? 0 : NBD_ZEROES_LEN);
+  r = hs_recv(h, buf, len);
+  if (r < 0)
+    return hs_fail(h, r, "server refused export \"%s\" (%s)", name,
+                   r == -ECONNRESET ? "connection closed" : strerror(-r));
+  h->c->info.size = wire_get64(buf);
+  h->c->info.tflags = wire_get16(buf + 8);
+  return 0;
+}
+
+static int
+hs_oldstyle(struct hs *h)
+{
+  uint8_t buf[NBD_OLDSTYLE_LEN - 16];
+  int r = hs_recv(h, buf, sizeof buf);
+  if (r < 0)
+    return r;
+  h->c->info.protocol = "oldstyle";
+  h->c->info.size = wire_get64(buf);
+  h->c->info.tflags = (uint16_t)wire_get32(buf + 8);
+  return 0;
+}
+
+/* Everything after the greeting of a newstyle server. */
+static int
+hs_newstyle(struct hs *h)
+{
+  struct client_conn *c = h->c;
+  uint8_t b[4];
+  int r = hs_recv(h, b, 2);
+  if (r < 0)
+    return r;
+  uint16_t hflags = wire_get16(b);
+  h->fixed = hflags & NBD_FLAG_FIXED_NEWSTYLE;
+  h->no_zeroes = hflags & NBD_FLAG_NO_ZEROES;
+  uint32_t cflags = (h->fixed ? NBD_FLAG_C_FIXED_NEWSTYLE : 0) |
+                    (h->no_zeroes ? NBD_FLAG_C_NO_ZEROES : 0);
+  wire_put32(b, cflags);
+  r = hs_send(h, b, 4, 0);
+  if (r < 0)
+    return r;
+  c->info.protocol = h->fixed ? "newstyle-fixed" : "newstyle";
+  if (!h->fixed)
+    return hs_export_name(h);
+
+  /* STARTTLS belongs here, before any other option: the TLS work sends
+   * NBD_OPT_STARTTLS, replaces c->tp with a TLS transport on the same fd,
+   * and everything below then runs inside TLS unchanged. */
+
+  if (h->o->want_list && (r = hs_list(h)) < 0)
+    return r;
+  if (h->o->want_extended) {
+    r = hs_simple_opt(h, NBD_OPT_EXTENDED_HEADERS);
+    if (r < 0)
+      return r;
+    c->info.extended = c->info.structured = r == 1;
+  }
+  if (!c->info.extended && h->o->want_structured) {
+    r = hs_simple_opt(h, NBD_OPT_STRUCTURED_REPLY);
+    if (r < 0)
+      return r;
+    c->info.structured = r == 1;
+  }
+  if (c->info.structured && h->o->want_allocation &&
+      (r = hs_set_meta(h)) < 0)
+    return r;
+  r = hs_go(h);
+  if (r == -ENOTSUP) {
+    c->info.allocation = false; /* contexts belong to GO-era servers */
+    c->info.structured = false;
+    return hs_export_name(h);
+  }
+  return r;
+}
+
+static int
+hs_run(struct hs *h)
+{
+  uint8_t b[16];
+  int r = hs_recv(h, b, 16);
+  if (r < 0)
+    return r;
+  if (wire_get64(b) != NBD_INIT_PASSWD)
+    return hs_fail(h, -EPROTO, "not an NBD server (bad greeting magic)");
+  if (wire_get64(b + 8) == NBD_CLISERV_MAGIC)
+    return hs_oldstyle(h);
+  if (wire_get64(b + 8) != NBD_IHAVEOPT)
+    return hs_fail(h, -EPROTO, "not an NBD server (bad second magic)");
+  return hs_newstyle(h);
+}
+
+/* Applies the protocol's defaults to block sizes the server did not send,
+ * and repairs nonsense so that later arithmetic is safe. */
+static void
+hs_fix_block_sizes(struct client_info *in)
+{
+  if (!in->has_block_size || in->min_block == 0 || in->min_block > 65536 ||
+      (in->min_block & (in->min_block - 1))) {
+    in->min_block = 1;
+    in->pref_block = 4096;
+    in->max_block = NBD_MAX_PAYLOAD_DEFAULT;
+    in->has_block_size = false;
+  }
+  if (in->pref_block < in->min_block)
+    in->pref_block = in->min_block;
+  if (in->max_block < in->pref_block)
+    in->max_block = in->pref_block;
+}
+
+static int
+client_open_socket(struct client_conn *c, const struct nbd_uri *u)
+{
+  int fd;
+  if (u->unix_socket)
+    fd = sock_connect_unix(u->socket);
+  else
+    fd = sock_connect_tcp(u->host, u->port);
+  if (fd < 0) {
+    if (u->unix_socket)
+      snprintf(c->errmsg, sizeof c->errmsg, "connect to unix socket %s: %s",
+               u->socket, strerror(-fd));
+    else
+      snprintf(c->errmsg, sizeof c->errmsg, "connect to %s port %s: %s",
+               u->host, u->port, strerror(-fd));
+    return fd;
+  }
+  if (u->unix_socket) {
+    /* Unix sockets default to ~208 KiB of send buffer, which throttles
+     * 2 MiB requests; ask for more (the kernel may clip it). */
+    int eff;
+    sock_set_sndbuf(fd, 4 << 20, &eff);
+    sock_set_rcvbuf(fd, 4 << 20, &eff);
+  } else {
+    sock_set_nodelay(fd, true);
+  }
+  c->fd = fd;
+  transport_init_plain(&c->tp, fd);
+  return 0;
+}
+
+int
+client_connect(struct client_conn *c, const struct nbd_uri *u,
+               const struct client_opts *o)
+{
+  memset(c, 0, sizeof *c);
+  c->fd = -1;
+  if (u->tls) {
+    snprintf(c->errmsg, sizeof c->errmsg,
+             "TLS not supported yet: cannot open an nbds URI");
+    return -ENOTSUP;
+  }
+  int r = client_open_socket(c, u);
+  if (r < 0)
+    return r;
+  struct hs h = { .c = c, .o = o };
+  if (o->timeout_ms >= 0)
+    h.deadline = loop_now_ms() + (uint64_t)o->timeout_ms;
+  r = hs_run(&h);
+  free(h.payload);
+  if (r == 0 && (r = sock_set_nonblock(c->fd, true)) < 0)
+    snprintf(c->errmsg, sizeof c->errmsg, "set non-blocking: %s",
+             strerror(-r));
+  if (r < 0) {
+    char msg[sizeof c->errmsg];
+    memcpy(msg, c->errmsg, sizeof msg);
+    client_close(c);
+    memcpy(c->errmsg, msg, sizeof msg);
+    return r;
+  }
+  hs_fix_block_sizes(&c->info);
+  return 0;
+}

@@ -1,0 +1,489 @@
+/* endpoint.c: endpoint dispatch, the completion queue, and the local
+ * kinds: files and block devices, pipes ('-') and null:. File and pipe
+ * I/O may block, so it runs on the worker pool. */
+#include "copy/endpoint.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <linux/fs.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "net/loop.h"
+#include "util/uri.h"
+
+#define FILE_SPARSE_BLOCK 4096
+
+/* Read-only zeros for ZERO on pipes and devices without zeroing. */
+static const uint8_t ep_zero_page[256 << 10];
+
+struct file_priv {
+  int fd;
+  bool fresh;          /* destination truncated by us: reads as zeroes */
+  bool is_pipe;
+  pthread_mutex_t grow_lock; /* serialises ftruncate growth */
+};
+
+int
+ep_env_init(struct ep_env *env, struct loop *loop, int nthreads)
+{
+  memset(env, 0, sizeof *env);
+  env->loop = loop;
+  pthread_mutex_init(&env->lock, NULL);
+  env->wq = workq_new(nthreads);
+  return env->wq ? 0 : -errno;
+}
+
+void
+ep_env_fini(struct ep_env *env)
+{
+  if (env->wq)
+    workq_free(env->wq);
+  env->wq = NULL;
+  pthread_mutex_destroy(&env->lock);
+}
+
+void
+ep_env_complete(struct ep_env *env, struct ep_op *op)
+{
+  op->next_done = NULL;
+  pthread_mutex_lock(&env->lock);
+  if (env->done_tail)
+    env->done_tail->next_done = op;
+  else
+    env->done_head = op;
+  env->done_tail = op;
+  pthread_mutex_unlock(&env->lock);
+  loop_wake(env->loop);
+}
+
+void
+ep_env_drain(struct ep_env *env)
+{
+  pthread_mutex_lock(&env->lock);
+  struct ep_op *op = env->done_head;
+  env->done_head = env->done_tail = NULL;
+  pthread_mutex_unlock(&env->lock);
+  while (op) {
+    struct ep_op *next = op->next_done;
+    op->done(op);
+    op = next;
+  }
+}
+
+int
+endpoint_file_size(int fd, uint64_t *size)
+{
+  struct stat st;
+  if (fstat(fd, &st) < 0)
+    return -errno;
+  if (S_ISREG(st.st_mode)) {
+    *size = (uint64_t)st.st_size;
+    return 0;
+  }
+  if (S_ISBLK(st.st_mode))
+    return ioctl(fd, BLKGETSIZE64, size) < 0 ? -errno : 0;
+  return -ESPIPE;
+}
+
+int
+endpoint_file_extent(int fd, uint64_t off, uint64_t size,
+                     struct endpoint_extent *e)
+{
+  off_t d = lseek(fd, (off_t)off, SEEK_DATA);
+  if (d < 0) {
+    if (errno == ENXIO) { /* only a hole remains */
+      *e = (struct endpoint_extent){ size - off, true };
+      return 0;
+    }
+    if (errno == EINVAL || errno == ENOTSUP || errno == EOPNOTSUPP) {
+      *e = (struct endpoint_extent){ size - off, false };
+      return 0;
+    }
+    return -errno;
+  }
+  if ((uint64_t)d > off) {
+    uint64_t end = (uint64_t)d < size ? (uint64_t)d : size;
+    *e = (struct endpoint_extent){ end - off, true };
+    return 0;
+  }
+  off_t h = lseek(fd, (off_t)off, SEEK_HOLE);
+  uint64_t end = h < 0 || (uint64_t)h > size ? size : (uint64_t)h;
+  if (end <= off)
+    end = size;
+  *e = (struct endpoint_extent){ end - off, false };
+  return 0;
+}
+
+/* ---- worker-side file and pipe I/O ---- */
+
+static int
+file_pread_all(int fd, uint8_t *buf, size_t len, uint64_t off, bool pipe,
+               size_t *got)
+{
+  size_t done = 0;
+  while (done < len) {
+    ssize_t n = pipe ? read(fd, buf + done, len - done)
+                     : pread(fd, buf + done, len - done, (off_t)(off + done));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return errno;
+    if (n == 0)
+      break;
+    done += (size_t)n;
+  }
+  *got = done;
+  return 0;
+}
+
+static int
+file_pwrite_all(int fd, const uint8_t *buf, size_t len, uint64_t off,
+                bool pipe)
+{
+  while (len > 0) {
+    ssize_t n = pipe ? write(fd, buf, len) : pwrite(fd, buf, len, (off_t)off);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return errno;
+    buf += n;
+    off += (uint64_t)n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+static bool
+file_block_is_zero(const uint8_t *p, size_t len)
+{
+  if (len < 16)
+    return p[0] == 0 && memcmp(p, p + 1, len - 1) == 0;
+  for (size_t i = 0; i < 16; i++)
+    if (p[i])
+      return false;
+  return memcmp(p, p + 16, len - 16) == 0;
+}
+
+/* Writes into a file known to read as zeroes, skipping zero blocks, so
+ * that the destination stays sparse. */
+static int
+file_write_sparse(int fd, const uint8_t *buf, size_t len, uint64_t off)
+{
+  size_t i = 0;
+  while (i < len) {
+    size_t blk = FILE_SPARSE_BLOCK - (size_t)((off + i) % FILE_SPARSE_BLOCK);
+    if (blk > len - i)
+      blk = len - i;
+    if (file_block_is_zero(buf + i, blk)) {
+      i += blk;
+      continue;
+    }
+    size_t start = i;
+    while (i < len) {
+      blk = FILE_SPARSE_BLOCK - (size_t)((off + i) % FILE_SPARSE_BLOCK);
+      if (blk > len - i)
+        blk = len - i;
+      if (file_block_is_zero(buf + i, blk))
+        break;
+      i += blk;
+    }
+    int r = file_pwrite_all(fd, buf + start, i - start, off + start, false);
+    if (r)
+      return r;
+  }
+  return 0;
+}
+
+static int
+file_zero(struct file_priv *p, uint64_t off, uint64_t len, bool *skipped)
+{
+  if (p->is_pipe) {
+    while (len > 0) {
+      size_t n = len > sizeof ep_zero_page ? sizeof ep_zero_page : len;
+      int r = file_pwrite_all(p->fd, ep_zero_page, n, 0, true);
+      if (r)
+        return r;
+      len -= n;
+    }
+    return 0;
+  }
+  if (p->fresh) {
+    /* Already zero; only make sure the file reaches the range's end. */
+    struct stat st;
+    int r = 0;
+    pthread_mutex_lock(&p->grow_lock);
+    if (fstat(p->fd, &st) < 0)
+      r = errno;
+    else if ((uint64_t)st.st_size < off + len &&
+             ftruncate(p->fd, (off_t)(off + len)) < 0)
+      r = errno;
+    pthread_mutex_unlock(&p->grow_lock);
+    *skipped = r == 0;
+    return r;
+  }
+  if (fallocate(p->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                (off_t)off, (off_t)len) == 0)
+    return 0;
+  if (fallocate(p->fd, FALLOC_FL_ZERO_RANGE, (off_t)off, (off_t)len) == 0)
+    return 0;
+  while (len > 0) {
+    size_t n = len > sizeof ep_zero_page ? sizeof ep_zero_page : len;
+    int r = file_pwrite_all(p->fd, ep_zero_page, n, off, false);
+    if (r)
+      return r;
+    off += n;
+    len -= n;
+  }
+  return 0;
+}
+
+static void
+file_work(struct work *w)
+{
+  struct ep_op *op = (struct ep_op *)((char *)w - offsetof(struct ep_op, work));
+  struct endpoint *e = op->ep;
+  struct file_priv *p = e->priv;
+  size_t got = 0;
+  switch (op->type) {
+  case EP_READ:
+    op->err = file_pread_all(p->fd, op->buf, (size_t)op->length, op->offset,
+                             p->is_pipe, &got);
+    if (op->err == 0 && got < op->length) {
+      if (p->is_pipe) {
+        op->eof = true;
+        op->length = got;
+      } else {
+        op->err = EIO;
+        snprintf(op->errmsg, sizeof op->errmsg, "file ended early");
+      }
+    }
+    break;
+  case EP_WRITE:
+    if (p->fresh)
+      op->err = file_write_sparse(p->fd, op->buf, (size_t)op->length,
+                                  op->offset);
+    else
+      op->err = file_pwrite_all(p->fd, op->buf, (size_t)op->length,
+                                op->offset, p->is_pipe);
+    break;
+  case EP_ZERO:
+    op->err = file_zero(p, op->offset, op->length, &op->skipped);
+    break;
+  case EP_FLUSH:
+    if (!p->is_pipe && fdatasync(p->fd) < 0)
+      op->err = errno;
+    break;
+  default:
+    op->err = EINVAL;
+    break;
+  }
+  ep_env_complete(e->env, op);
+}
+
+static int
+file_extents(struct endpoint *e, struct ep_op *op)
+{
+  struct file_priv *p = e->priv;
+  uint64_t off = op->offset, end = op->offset + op->length;
+  while (off < end && op->nextents < op->max_extents) {
+    struct endpoint_extent x;
+    int r = endpoint_file_extent(p->fd, off, e->size, &x);
+    if (r < 0)
+      return r;
+    op->extents[op->nextents++] = x;
+    off += x.length;
+  }
+  return 0;
+}
+
+static int
+file_submit(struct endpoint *e, struct ep_op *op)
+{
+  if (op->type == EP_EXTENTS) {
+    op->err = -file_extents(e, op);
+    ep_env_complete(e->env, op);
+    return 0;
+  }
+  if ((op->type == EP_READ && !e->readable) ||
+      (op->type != EP_READ && !e->writable))
+    return -EBADF;
+  op->work.fn = file_work;
+  workq_push(e->env->wq, &op->work);
+  return 0;
+}
+
+static void
+file_close(struct endpoint *e)
+{
+  struct file_priv *p = e->priv;
+  if (!p->is_pipe)
+    close(p->fd);
+  pthread_mutex_destroy(&p->grow_lock);
+  free(p);
+}
+
+static const struct endpoint_ops file_ops = {
+  .kind = "file",
+  .submit = file_submit,
+  .close = file_close,
+};
+
+static int
+ep_fail(char *err, size_t errlen, int r, const char *fmt, const char *a)
+{
+  snprintf(err, errlen, fmt, a, strerror(-r));
+  return r;
+}
+
+static struct endpoint *
+ep_alloc(struct ep_env *env, const char *spec, const struct endpoint_ops *ops)
+{
+  struct endpoint *e = calloc(1, sizeof *e);
+  if (e == NULL)
+    return NULL;
+  e->ops = ops;
+  e->env = env;
+  e->name = spec;
+  e->align = 1;
+  e->max_request = 32u << 20;
+  e->connections = 1;
+  e->size_known = true;
+  return e;
+}
+
+static int
+file_open(struct ep_env *env, const char *spec, const struct endpoint_opts *o,
+          struct endpoint **out, char *err, size_t errlen)
+{
+  bool pipe = strcmp(spec, "-") == 0;
+  struct file_priv *p = calloc(1, sizeof *p);
+  struct endpoint *e = ep_alloc(env, spec, &file_ops);
+  int r;
+  if (p == NULL || e == NULL) {
+    free(p);
+    free(e);
+    return ep_fail(err, errlen, -ENOMEM, "%s: %s", spec);
+  }
+  pthread_mutex_init(&p->grow_lock, NULL);
+  e->priv = p;
+  p->is_pipe = pipe;
+  if (pipe)
+    p->fd = o->write ? STDOUT_FILENO : STDIN_FILENO;
+  else
+    p->fd = open(spec, o->write ? O_WRONLY | O_CREAT | O_CLOEXEC
+                                : O_RDONLY | O_CLOEXEC, 0644);
+  if (p->fd < 0) {
+    r = ep_fail(err, errlen, -errno, "open %s: %s", spec);
+    goto fail;
+  }
+  e->readable = !o->write;
+  e->writable = o->write;
+  e->can_zero = e->can_flush = true;
+  if (pipe) {
+    e->sequential = true;
+    e->size_known = false;
+    e->size = UINT64_MAX;
+    *out = e;
+    return 0;
+  }
+  struct stat st;
+  if (fstat(p->fd, &st) < 0) {
+    r = ep_fail(err, errlen, -errno, "stat %s: %s", spec);
+    goto fail;
+  }
+  if (o->write && S_ISREG(st.st_mode)) {
+    /* A fresh file reads as zeroes: zero ranges stay holes. */
+    uint64_t sz = o->create_size == UINT64_MAX ? 0 : o->create_size;
+    if (ftruncate(p->fd, 0) < 0 || ftruncate(p->fd, (off_t)sz) < 0) {
+      r = ep_fail(err, errlen, -errno, "truncate %s: %s", spec);
+      goto fail;
+    }
+    p->fresh = !o->allocated;
+  } else if (o->write && !S_ISBLK(st.st_mode)) {
+    r = ep_fail(err, errlen, -EINVAL, "%s: %s (not a file, device or '-')",
+                spec);
+    goto fail;
+  }
+  r = endpoint_file_size(p->fd, &e->size);
+  if (r < 0) {
+    r = ep_fail(err, errlen, r, "size of %s: %s", spec);
+    goto fail;
+  }
+  if (o->write && S_ISREG(st.st_mode) && o->create_size == UINT64_MAX) {
+    e->size = UINT64_MAX; /* grows with the copy */
+    e->size_known = false;
+  }
+  e->has_extents = S_ISREG(st.st_mode);
+  *out = e;
+  return 0;
+fail:
+  file_close(e);
+  free(e);
+  return r;
+}
+
+/* ---- null: ---- */
+
+static int
+null_submit(struct endpoint *e, struct ep_op *op)
+{
+  if (op->type == EP_READ || op->type == EP_EXTENTS)
+    return -EBADF;
+  ep_env_complete(e->env, op);
+  return 0;
+}
+
+static void
+null_close(struct endpoint *e)
+{
+  (void)e;
+}
+
+static const struct endpoint_ops null_ops = {
+  .kind = "null",
+  .submit = null_submit,
+  .close = null_close,
+};
+
+int
+endpoint_open(struct ep_env *env, const char *spec,
+              const struct endpoint_opts *o, struct endpoint **out,
+              char *err, size_t errlen)
+{
+  if (uri_is_nbd(spec))
+    return endpoint_open_nbd(env, spec, o, out, err, errlen);
+  if (strcmp(spec, "null:") == 0) {
+    if (!o->write)
+      return ep_fail(err, errlen, -EINVAL, "%s: %s (only as destination)",
+                     spec);
+    struct endpoint *e = ep_alloc(env, spec, &null_ops);
+    if (e == NULL)
+      return ep_fail(err, errlen, -ENOMEM, "%s: %s", spec);
+    e->writable = e->can_zero = e->can_flush = true;
+    e->size = UINT64_MAX;
+    e->size_known = false;
+    *out = e;
+    return 0;
+  }
+  if (!o->write) {
+    int r = endpoint_open_gen(env, spec, out, err, errlen);
+    if (r != -ENOENT)
+      return r;
+  }
+  return file_open(env, spec, o, out, err, errlen);
+}
+
+void
+endpoint_close(struct endpoint *e)
+{
+  if (e == NULL)
+    return;
+  e->ops->close(e);
+  free(e);
+}

@@ -1,0 +1,163 @@
+/* endpoint.h: the things a copy reads from and writes to, behind one
+ * table: raw files and block devices, NBD exports (one or more
+ * connections), null: (discards), '-' (a pipe on stdin or stdout), and
+ * generated sources for tests and benchmarks.
+ *
+ * Every operation is asynchronous: submit() either refuses it at once
+ * (-errno, nothing happens) or accepts it, and then op->done is called
+ * exactly once, always on the loop thread (blocking file I/O runs on the
+ * environment's worker pool and its completion is passed back). done may
+ * run before submit returns, so callers must not rely on ordering.
+ *
+ * Buffer ownership: op->buf belongs to whoever owns the op (the copy
+ * engine); the endpoint borrows it from submit until done. */
+#ifndef NBDFLOW_COPY_ENDPOINT_H
+#define NBDFLOW_COPY_ENDPOINT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "client/client.h"
+#include "util/workq.h"
+
+/* Connections opened to a server advertising multi-conn, unless told. */
+#define ENDPOINT_AUTO_CONNECTIONS 4
+/* One EXTENTS query covers at most this much (block status is a hint). */
+#define ENDPOINT_STATUS_SPAN (UINT64_C(1) << 30)
+/* Largest single ZERO operation. */
+#define ENDPOINT_ZERO_MAX (UINT64_C(1) << 30)
+
+struct loop;
+struct endpoint;
+
+struct endpoint_extent {
+  uint64_t length;
+  bool zero; /* reads as zeroes (hole or known zero); else data */
+};
+
+enum ep_op_type { EP_READ, EP_WRITE, EP_ZERO, EP_FLUSH, EP_EXTENTS };
+
+struct ep_op;
+typedef void (*ep_done_fn)(struct ep_op *op);
+
+struct ep_op {
+  /* Set by the caller. */
+  enum ep_op_type type;
+  uint64_t offset;
+  uint64_t length;  /* READ from a pipe: shrinks to what was read at EOF */
+  uint8_t *buf;     /* READ/WRITE; borrowed until done */
+  struct endpoint_extent *extents; /* EXTENTS: room for max_extents */
+  size_t max_extents;
+  ep_done_fn done;
+  void *arg;
+
+  /* Results. */
+  int err;          /* 0 or a positive errno */
+  bool eof;         /* READ from a pipe hit end of input */
+  bool skipped;     /* ZERO that needed no work (already zero) */
+  size_t nextents;
+  char errmsg[128]; /* server's message, if any */
+
+  /* Private to the endpoint. */
+  struct endpoint *ep;
+  struct client_req req;
+  struct work work;
+  struct ep_op *next_done;
+  bool fast_zero_tried;
+};
+
+/* What every endpoint shares: the loop, the worker pool for blocking
+ * file I/O, and the queue that carries worker completions back. */
+struct ep_env {
+  struct loop *loop;
+  struct workq *wq;
+  pthread_mutex_t lock;
+  struct ep_op *done_head, *done_tail; /* guarded by lock */
+  /* Called on the loop thread after an endpoint handled socket events
+   * (which may have called done on some ops). */
+  void (*kick)(void *arg);
+  void *kick_arg;
+};
+
+struct endpoint_ops {
+  const char *kind;
+  int (*submit)(struct endpoint *e, struct ep_op *op);
+  void (*close)(struct endpoint *e);
+  /* Optional, loop thread: samples the transport and returns the smallest
+   * round-trip time seen (microseconds), 0 when unknown. */
+  uint32_t (*sample_rtt)(struct endpoint *e);
+  /* Optional: TCP diagnostics of the first connection as a JSON object
+   * into buf; returns 0, or -1 when there is nothing to report. */
+  int (*tcp_json)(struct endpoint *e, char *buf, size_t len);
+};
+
+struct endpoint {
+  const struct endpoint_ops *ops;
+  struct ep_env *env;
+  const char *name;   /* as the user wrote it, for messages */
+  uint64_t size;
+  bool size_known;    /* false for a pipe source */
+  bool sequential;    /* pipes: one op at a time, in offset order */
+  bool readable, writable;
+  bool has_extents;   /* EXTENTS tells data from zeroes */
+  bool can_zero;      /* ZERO is supported (else write zeroes) */
+  bool can_flush;
+  uint32_t align;     /* offsets and lengths must be multiples */
+  uint64_t max_request; /* largest READ or WRITE */
+  unsigned connections;
+  bool multi_conn;    /* server allows several connections */
+  void *priv;
+};
+
+struct endpoint_opts {
+  /* EXTENTS is issued one at a time per endpoint. */
+  bool write;           /* open as destination */
+  unsigned connections; /* NBD: 0 = automatic */
+  uint64_t create_size; /* file destination: size to give it;
+                           UINT64_MAX when the source size is unknown */
+  bool allocated;       /* file destination: write zero blocks too */
+};
+
+/* Opens spec: an NBD URI, "null:", "-", a generated source
+ * (pattern:SIZE, random:SIZE[:SEED], zero:SIZE,
+ * sparse:SIZE[:PERIOD[:DATALEN]]), or a file. Returns 0 or -errno with
+ * a sentence in err. */
+int endpoint_open(struct ep_env *env, const char *spec,
+                  const struct endpoint_opts *o, struct endpoint **out,
+                  char *err, size_t errlen);
+void endpoint_close(struct endpoint *e);
+static inline int
+endpoint_submit(struct endpoint *e, struct ep_op *op)
+{
+  op->ep = e;
+  op->err = 0;
+  op->eof = op->skipped = false;
+  op->nextents = 0;
+  op->errmsg[0] = '\0';
+  return e->ops->submit(e, op);
+}
+
+int ep_env_init(struct ep_env *env, struct loop *loop, int nthreads);
+void ep_env_fini(struct ep_env *env);
+/* From any thread: hands a finished op back to the loop thread. */
+void ep_env_complete(struct ep_env *env, struct ep_op *op);
+/* On the loop thread: calls done for every op handed back. */
+void ep_env_drain(struct ep_env *env);
+
+/* File helpers shared with info. endpoint_file_extent describes the run
+ * starting at off (data or hole) up to size. */
+int endpoint_file_size(int fd, uint64_t *size);
+int endpoint_file_extent(int fd, uint64_t off, uint64_t size,
+                         struct endpoint_extent *e);
+
+/* Per-kind constructors, used by endpoint_open. */
+int endpoint_open_nbd(struct ep_env *env, const char *spec,
+                      const struct endpoint_opts *o, struct endpoint **out,
+                      char *err, size_t errlen);
+/* Returns -ENOENT, writing nothing, when spec names no generator. */
+int endpoint_open_gen(struct ep_env *env, const char *spec,
+                      struct endpoint **out, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,364 @@
+/* endpoint_nbd.c: an NBD export as a copy endpoint, over one or more
+ * client connections driven by the event loop. READ replies land directly
+ * in the op's buffer; WRITE payloads go out from it. */
+#include "copy/endpoint.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "net/loop.h"
+#include "proto/nbd.h"
+#include "util/log.h"
+#include "util/uri.h"
+
+#define NBD_STATUS_BATCH 1024
+
+struct nbd_slot {
+  struct client_conn c;
+  struct endpoint *e;
+  bool registered;
+  bool want_out; /* EPOLLOUT currently requested */
+};
+
+struct nbd_priv {
+  struct nbd_uri uri;
+  unsigned n;
+  struct nbd_slot *slots;
+  bool no_fast_zero;      /* FAST_ZERO was refused once: stop trying */
+  struct client_extent status[NBD_STATUS_BATCH]; /* the one EXTENTS op */
+  struct client_req *flush_reqs; /* one per connection */
+  struct ep_op *flush_op;
+  unsigned flush_pending;
+  int flush_err;
+};
+
+static void
+nbd_update_interest(struct nbd_slot *s)
+{
+  if (!s->registered)
+    return;
+  if (s->c.fatal) {
+    loop_del(s->e->env->loop, s->c.fd);
+    s->registered = false;
+    return;
+  }
+  bool out = client_wants_write(&s->c);
+  if (out != s->want_out) {
+    loop_mod(s->e->env->loop, s->c.fd, EPOLLIN | (out ? EPOLLOUT : 0));
+    s->want_out = out;
+  }
+}
+
+static void
+nbd_on_fd(struct loop *l, int fd, uint32_t events, void *arg)
+{
+  struct nbd_slot *s = arg;
+  (void)l;
+  (void)fd;
+  client_on_events(&s->c, events);
+  nbd_update_interest(s);
+  struct ep_env *env = s->e->env;
+  if (env->kick)
+    env->kick(env->kick_arg);
+}
+
+static void
+nbd_copy_msg(struct ep_op *op, const struct client_req *r,
+             const struct client_conn *c)
+{
+  if (r->errmsg[0])
+    snprintf(op->errmsg, sizeof op->errmsg, "%s", r->errmsg);
+  else if (c->fatal && c->errmsg[0])
+    snprintf(op->errmsg, sizeof op->errmsg, "%.120s", c->errmsg);
+}
+
+static void
+nbd_status_done(struct ep_op *op, struct nbd_priv *p)
+{
+  uint64_t left = op->length;
+  for (size_t i = 0; i < op->req.nextents && left > 0 &&
+                     op->nextents < op->max_extents; i++) {
+    uint64_t len = p->status[i].length < left ? p->status[i].length : left;
+    /* HOLE without ZERO is undefined content: it must be read. */
+    bool zero = p->status[i].flags & NBD_STATE_ZERO;
+    op->extents[op->nextents++] = (struct endpoint_extent){ len, zero };
+    left -= len;
+  }
+  if (op->err == 0 && op->nextents == 0) {
+    op->err = EPROTO;
+    snprintf(op->errmsg, sizeof op->errmsg, "empty block status reply");
+  }
+}
+
+static struct nbd_slot *
+nbd_pick(struct nbd_priv *p)
+{
+  struct nbd_slot *best = NULL;
+  for (unsigned i = 0; i < p->n; i++) {
+    struct nbd_slot *s = &p->slots[i];
+    if (s->c.fatal)
+      continue;
+    if (best == NULL || s->c.inflight_bytes < best->c.inflight_bytes ||
+        (s->c.inflight_bytes == best->c.inflight_bytes &&
+         s->c.inflight < best->c.inflight))
+      best = s;
+  }
+  return best;
+}
+
+static void
+nbd_req_done(struct client_req *r, int err)
+{
+  struct ep_op *op = (struct ep_op *)((char *)r - offsetof(struct ep_op, req));
+  struct nbd_slot *s = r->arg;
+  struct nbd_priv *p = s->e->priv;
+  if (op->type == EP_ZERO && (r->flags & NBD_CMD_FLAG_FAST_ZERO) &&
+      (err == ENOTSUP || err == EOPNOTSUPP) && !s->c.fatal) {
+    /* Fast zeroing refused: fall back to a plain WRITE_ZEROES. */
+    p->no_fast_zero = true;
+    r->flags &= (uint16_t)~NBD_CMD_FLAG_FAST_ZERO;
+    int e2 = client_submit(&s->c, r);
+    nbd_update_interest(s);
+    if (e2 == 0)
+      return;
+    err = -e2;
+  }
+  op->err = err;
+  nbd_copy_msg(op, r, &s->c);
+  if (op->type == EP_EXTENTS)
+    nbd_status_done(op, p);
+  op->done(op);
+}
+
+static void
+nbd_flush_done(struct client_req *r, int err)
+{
+  struct nbd_slot *s = r->arg;
+  struct nbd_priv *p = s->e->priv;
+  if (err && !p->flush_err) {
+    p->flush_err = err;
+    nbd_copy_msg(p->flush_op, r, &s->c);
+  }
+  if (--p->flush_pending == 0) {
+    struct ep_op *op = p->flush_op;
+    p->flush_op = NULL;
+    op->err = p->flush_err;
+    op->done(op);
+  }
+}
+
+/* FLUSH goes to every live connection: without multi-conn a flush covers
+ * only its own connection's writes. */
+static int
+nbd_submit_flush(struct endpoint *e, struct ep_op *op)
+{
+  struct nbd_priv *p = e->priv;
+  if (p->flush_op)
+    return -EBUSY;
+  p->flush_op = op;
+  p->flush_err = 0;
+  p->flush_pending = 1; /* held while submitting */
+  for (unsigned i = 0; i < p->n; i++) {
+    struct nbd_slot *s = &p->slots[i];
+    struct client_req *r = &p->flush_reqs[i];
+    *r = (struct client_req){ .type = NBD_CMD_FLUSH, .done = nbd_flush_done,
+                              .arg = s };
+    if (s->c.fatal) {
+      if (!p->flush_err)
+        p->flush_err = s->c.fatal;
+      continue;
+    }
+    p->flush_pending++;
+    int err = client_submit(&s->c, r);
+    nbd_update_interest(s);
+    if (err < 0) {
+      p->flush_pending--;
+      if (!p->flush_err)
+        p->flush_err = -err;
+    }
+  }
+  struct client_req last = { .arg = &p->slots[0] };
+  nbd_flush_done(&last, 0); /* drops the hold; may complete the op */
+  return 0;
+}
+
+static int
+nbd_submit(struct endpoint *e, struct ep_op *op)
+{
+  struct nbd_priv *p = e->priv;
+  if (op->type == EP_FLUSH)
+    return nbd_submit_flush(e, op);
+  struct nbd_slot *s = nbd_pick(p);
+  if (s == NULL)
+    return -p->slots[0].c.fatal;
+  struct client_req *r = &op->req;
+  *r = (struct client_req){ .offset = op->offset, .length = op->length,
+                            .buf = op->buf, .done = nbd_req_done, .arg = s };
+  switch (op->type) {
+  case EP_READ:
+    r->type = NBD_CMD_READ;
+    break;
+  case EP_WRITE:
+    r->type = NBD_CMD_WRITE;
+    break;
+  case EP_ZERO:
+    r->type = NBD_CMD_WRITE_ZEROES;
+    if ((s->c.info.tflags & NBD_FLAG_SEND_FAST_ZERO) && !p->no_fast_zero)
+      r->flags = NBD_CMD_FLAG_FAST_ZERO;
+    break;
+  case EP_EXTENTS:
+    if (!s->c.info.allocation) {
+      op->extents[0] = (struct endpoint_extent){ op->length, false };
+      op->nextents = 1;
+      ep_env_complete(e->env, op);
+      return 0;
+    }
+    r->type = NBD_CMD_BLOCK_STATUS;
+    r->extents = p->status;
+    r->max_extents = NBD_STATUS_BATCH;
+    break;
+  default:
+    return -EINVAL;
+  }
+  int err = client_submit(&s->c, r);
+  nbd_update_interest(s);
+  return err;
+}
+
+static void
+nbd_close(struct endpoint *e)
+{
+  struct nbd_priv *p = e->priv;
+  for (unsigned i = 0; p->slots && i < p->n; i++) {
+    struct nbd_slot *s = &p->slots[i];
+    if (s->registered)
+      loop_del(e->env->loop, s->c.fd);
+    client_close(&s->c);
+  }
+  free(p->slots);
+  free(p->flush_reqs);
+  uri_free(&p->uri);
+  free(p);
+}
+
+static const struct endpoint_ops nbd_ops = {
+  .kind = "nbd",
+  .submit = nbd_submit,
+  .close = nbd_close,
+};
+
+static int
+nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
+                size_t errlen)
+{
+  struct nbd_priv *p = e->priv;
+  struct client_opts co = { .export_name = p->uri.export_name,
+                            .want_structured = true,
+                            .want_allocation = !o->write,
+                            .timeout_ms = 30000 };
+  for (unsigned i = 0; i < p->n; i++) {
+    struct nbd_slot *s = &p->slots[i];
+    s->e = e;
+    int r = client_connect(&s->c, &p->uri, &co);
+    if (r < 0) {
+      snprintf(err, errlen, "%s: %s", e->name, s->c.errmsg);
+      return r;
+    }
+    if (i == 0 && o->connections == 0 &&
+        (s->c.info.tflags & NBD_FLAG_CAN_MULTI_CONN)) {
+      /* Grow to the automatic count now that multi-conn is known. */
+      struct nbd_slot *ns = realloc(p->slots, ENDPOINT_AUTO_CONNECTIONS *
+                                                sizeof *ns);
+      if (ns == NULL)
+        return -ENOMEM;
+      p->slots = ns;
+      memset(ns + 1, 0, (ENDPOINT_AUTO_CONNECTIONS - 1) * sizeof *ns);
+      for (unsigned k = 1; k < ENDPOINT_AUTO_CONNECTIONS; k++)
+        ns[k].c.fd = -1;
+      p->n = ENDPOINT_AUTO_CONNECTIONS;
+      s = &p->slots[0];
+    }
+    if (i > 0 && s->c.info.size != p->slots[0].c.info.size) {
+      snprintf(err, errlen, "%s: connections disagree on the export size",
+               e->name);
+      return -EPROTO;
+    }
+    int lr = loop_add(e->env->loop, s->c.fd, EPOLLIN, nbd_on_fd, s);
+    if (lr < 0) {
+      snprintf(err, errlen, "%s: event loop: %s", e->name, strerror(-lr));
+      return lr;
+    }
+    s->registered = true;
+  }
+  return 0;
+}
+
+int
+endpoint_open_nbd(struct ep_env *env, const char *spec,
+                  const struct endpoint_opts *o, struct endpoint **out,
+                  char *err, size_t errlen)
+{
+  struct nbd_priv *p = calloc(1, sizeof *p);
+  struct endpoint *e = calloc(1, sizeof *e);
+  if (p == NULL || e == NULL) {
+    free(p);
+    free(e);
+    snprintf(err, errlen, "out of memory");
+    return -ENOMEM;
+  }
+  e->ops = &nbd_ops;
+  e->env = env;
+  e->name = spec;
+  e->priv = p;
+  int r = uri_parse(spec, &p->uri, err, errlen);
+  if (r < 0) {
+    free(p);
+    free(e);
+    return r;
+  }
+  p->n = o->connections ? o->connections : 1;
+  p->slots = calloc(p->n, sizeof *p->slots);
+  if (p->slots == NULL) {
+    r = -ENOMEM;
+    snprintf(err, errlen, "out of memory");
+    goto fail;
+  }
+  for (unsigned i = 0; i < p->n; i++)
+    p->slots[i].c.fd = -1;
+  r = nbd_connect_all(e, o, err, errlen);
+  if (r < 0)
+    goto fail;
+  p->flush_reqs = calloc(p->n, sizeof *p->flush_reqs);
+  if (p->flush_reqs == NULL) {
+    r = -ENOMEM;
+    goto fail;
+  }
+  const struct client_info *in = &p->slots[0].c.info;
+  if (o->write && (in->tflags & NBD_FLAG_READ_ONLY)) {
+    snprintf(err, errlen, "%s: the export is read-only", spec);
+    r = -EROFS;
+    goto fail;
+  }
+  if (p->n > 1 && !(in->tflags & NBD_FLAG_CAN_MULTI_CONN))
+    log_warn("%s: server does not advertise multi-conn; using %u "
+             "connections anyway, flushing each", spec, p->n);
+  e->size = in->size;
+  e->size_known = true;
+  e->readable = true;
+  e->writable = !(in->tflags & NBD_FLAG_READ_ONLY);
+  e->has_extents = in->allocation;
+  e->can_zero = in->tflags & NBD_FLAG_SEND_WRITE_ZEROES;
+  e->can_flush = in->tflags & NBD_FLAG_SEND_FLUSH;
+  e->align = in->min_block;
+  e->max_request = in->max_block < (32u << 20) ? in->max_block : 32u << 20;
+  e->connections = p->n;
+  e->multi_conn = in->tflags & NBD_FLAG_CAN_MULTI_CONN;
+  *out = e;
+  return 0;
+fail:
+  nbd_close(e);
+  free(e);
+  return r;
+}

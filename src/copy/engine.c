@@ -1,0 +1,893 @@
+/* engine.c: see engine.h. Everything here runs on the loop thread. */
+#include "copy/engine.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "net/loop.h"
+#include "util/size.h"
+
+#define ENG_EXT_BATCH 1024
+#define ENG_EXT_CAP (4 * ENG_EXT_BATCH)
+#define ENG_MAX_COPS 4096
+
+enum cop_state { COP_FREE, COP_READING, COP_READY, COP_WRITING };
+
+/* One piece of the image on its way from source to destination. */
+struct cop {
+  struct engine *eng;
+  enum cop_state state;
+  uint64_t offset, length;
+  bool zero;          /* carries no data worth writing */
+  bool hashed;
+  bool in_order;      /* linked in the ordering gate's list */
+  uint8_t *buf;       /* from the pool; owned by this piece until release */
+  uint64_t charge;    /* bytes counted against the window */
+  uint64_t t0_us;
+  struct ep_op rop, wop;
+  struct cop *prev, *next; /* gate list, or free list (next only) */
+};
+
+struct engine {
+  struct ep_env *env;
+  struct endpoint *src, *dst;
+  const struct copy_opts *o;
+  struct copy_stats *st;
+
+  uint64_t size;        /* bytes to copy; UINT64_MAX until a pipe ends */
+  uint64_t rsize, align, zero_max;
+  uint64_t window;
+  bool adaptive;
+  bool ordered;         /* pieces pass the gate in offset order */
+
+  /* Planner. */
+  uint64_t pos;
+  struct endpoint_extent ext[ENG_EXT_CAP];
+  size_t ext_head, ext_count;
+  uint64_t ext_end;     /* where the known extents end */
+  bool ext_pending;
+  struct endpoint_extent ext_batch[ENG_EXT_BATCH];
+  struct ep_op ext_op;
+  bool src_eof;
+
+  /* Pieces and buffers. */
+  struct cop *cops;
+  struct cop *free_cops;
+  unsigned active, data_active, zero_active;
+  uint8_t **free_bufs;  /* pool of rsize buffers, owned by the engine */
+  size_t nfree_bufs, nbufs, max_bufs;
+  uint8_t *zero_buf;    /* read-only zeroes, shared by zero writes */
+  uint64_t inflight;
+  unsigned src_busy, dst_busy;
+  struct cop *gate_head, *gate_tail;
+
+  /* Ordered hashing. */
+  uint64_t hash_pos;
+  XXH3_state_t *chunk_state;
+  uint64_t chunk_fill;
+  uint64_t zero_chunk_digest;
+
+  /* Completions, collected by the done callbacks, handled by the pump. */
+  struct ep_op *done_head, *done_tail;
+  bool pumping;
+
+  struct ep_op flush_op;
+  bool flushing, flushed;
+
+  int failed;
+  char *err;
+  size_t errlen;
+
+  /* Progress and adaptation. */
+  uint64_t t_start_us, t_last_print_us, t_last_adapt_us;
+  uint64_t done_at_last_adapt;
+  bool tty;
+  bool finished;
+};
+
+static uint64_t
+eng_now_us(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+static uint64_t
+eng_min(uint64_t a, uint64_t b)
+{
+  return a < b ? a : b;
+}
+
+static bool
+eng_is_zero(const uint8_t *p, size_t len)
+{
+  if (len == 0)
+    return true;
+  if (len < 16)
+    return p[0] == 0 && memcmp(p, p + 1, len - 1) == 0;
+  for (size_t i = 0; i < 16; i++)
+    if (p[i])
+      return false;
+  return memcmp(p, p + 16, len - 16) == 0;
+}
+
+/* Records the first failure; later ones are consequences and stay quiet. */
+static void
+eng_fail(struct engine *e, const char *what, const struct endpoint *ep,
+         uint64_t off, uint64_t len, int err, const char *msg)
+{
+  if (e->failed)
+    return;
+  e->failed = err ? err : EIO;
+  snprintf(e->err, e->errlen, "%s %s failed at offset %llu length %llu: %s%s%s",
+           what, ep ? ep->name : "", (unsigned long long)off,
+           (unsigned long long)len, strerror(e->failed),
+           msg && msg[0] ? ": " : "", msg ? msg : "");
+}
+
+/* ---- buffers and pieces ---- */
+
+static uint8_t *
+eng_buf_take(struct engine *e)
+{
+  if (e->nfree_bufs > 0)
+    return e->free_bufs[--e->nfree_bufs];
+  if (e->nbufs >= e->max_bufs)
+    return NULL;
+  void *p;
+  if (posix_memalign(&p, 4096, (size_t)e->rsize) != 0)
+    return NULL;
+  e->nbufs++;
+  return p;
+}
+
+static void
+eng_buf_put(struct engine *e, uint8_t *b)
+{
+  e->free_bufs[e->nfree_bufs++] = b;
+}
+
+static void
+eng_gate_unlink(struct engine *e, struct cop *c)
+{
+  if (!c->in_order)
+    return;
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    e->gate_head = c->next;
+  if (c->next)
+    c->next->prev = c->prev;
+  else
+    e->gate_tail = c->prev;
+  c->prev = c->next = NULL;
+  c->in_order = false;
+}
+
+/* The piece is finished (or abandoned): its buffer returns to the pool. */
+static void
+eng_cop_release(struct engine *e, struct cop *c)
+{
+  eng_gate_unlink(e, c);
+  if (c->buf) {
+    eng_buf_put(e, c->buf);
+    c->buf = NULL;
+    e->inflight -= c->charge;
+    e->data_active--;
+  } else {
+    e->zero_active--;
+  }
+  c->state = COP_FREE;
+  e->active--;
+  c->next = e->free_cops;
+  e->free_cops = c;
+}
+
+static void
+eng_op_done(struct ep_op *op)
+{
+  struct engine *e = ((struct cop *)op->arg)->eng;
+  op->next_done = NULL;
+  if (e->done_tail)
+    e->done_tail->next_done = op;
+  else
+    e->done_head = op;
+  e->done_tail = op;
+}
+
+static void
+eng_ctl_done(struct ep_op *op)
+{
+  struct engine *e = op->arg;
+  op->next_done = NULL;
+  if (e->done_tail)
+    e->done_tail->next_done = op;
+  else
+    e->done_head = op;
+  e->done_tail = op;
+}
+
+/* ---- ordered hashing ---- */
+
+static void
+eng_chunk_feed(struct engine *e, const uint8_t *p, uint64_t len)
+{
+  struct copy_chunks *ch = e->o->chunks;
+  while (len > 0) {
+    if (e->chunk_fill == 0 && p == NULL && len >= COPY_CHUNK) {
+      if (ch->n < ch->cap)
+        ch->d[ch->n++] = e->zero_chunk_digest; /* whole zero chunk */
+      len -= COPY_CHUNK;
+      continue;
+    }
+    uint64_t n = eng_min(len, COPY_CHUNK - e->chunk_fill);
+    if (p) {
+      XXH3_64bits_update(e->chunk_state, p, (size_t)n);
+      p += n;
+    } else {
+      static const uint8_t z[64 << 10];
+      for (uint64_t k = 0; k < n; k += sizeof z)
+        XXH3_64bits_update(e->chunk_state, z, (size_t)eng_min(sizeof z, n - k));
+    }
+    e->chunk_fill += n;
+    len -= n;
+    if (e->chunk_fill == COPY_CHUNK) {
+      if (ch->n < ch->cap)
+        ch->d[ch->n++] = XXH3_64bits_digest(e->chunk_state);
+      XXH3_64bits_reset(e->chunk_state);
+      e->chunk_fill = 0;
+    }
+  }
+}
+
+static void
+eng_hash_piece(struct engine *e, struct cop *c)
+{
+  const uint8_t *p = c->buf;
+  if (e->o->hash) {
+    if (p)
+      hash_update(e->o->hash, p, (size_t)c->length);
+    else
+      hash_update_zeros(e->o->hash, c->length);
+  }
+  if (e->o->chunks)
+    eng_chunk_feed(e, p, c->length);
+  e->hash_pos += c->length;
+  c->hashed = true;
+}
+
+/* ---- writing and completion ---- */
+
+static void
+eng_account(struct engine *e, struct cop *c, bool zeroed, bool skipped)
+{
+  struct copy_stats *st = e->st;
+  st->done += c->length;
+  st->requests++;
+  if (skipped)
+    st->skipped += c->length;
+  else if (zeroed)
+    st->zeroed += c->length;
+  else
+    st->copied += c->length;
+}
+
+static void eng_gate_advance(struct engine *e);
+
+static void
+eng_write(struct engine *e, struct cop *c)
+{
+  if (e->dst == NULL || (c->zero && e->o->dst_is_zero)) {
+    eng_account(e, c, false, true);
+    eng_cop_release(e, c);
+    return;
+  }
+  struct ep_op *w = &c->wop;
+  *w = (struct ep_op){ .offset = c->offset, .length = c->length,
+                       .done = eng_op_done, .arg = c };
+  if (!c->zero || e->o->allocated || !e->dst->can_zero) {
+    w->type = EP_WRITE;
+    w->buf = c->buf ? c->buf : e->zero_buf;
+  } else {
+    w->type = EP_ZERO;
+  }
+  c->state = COP_WRITING;
+  e->dst_busy++;
+  int r = endpoint_submit(e->dst, w);
+  if (r < 0) {
+    e->dst_busy--;
+    eng_fail(e, w->type == EP_ZERO ? "zeroing" : "write to", e->dst,
+             c->offset, c->length, -r, NULL);
+    eng_cop_release(e, c);
+  }
+}
+
+/* Passes pieces whose turn has come, in offset order. */
+static void
+eng_gate_advance(struct engine *e)
+{
+  while (e->gate_head && e->gate_head->state == COP_READY) {
+    struct cop *c = e->gate_head;
+    if (e->failed) {
+      eng_cop_release(e, c);
+      continue;
+    }
+    if (!c->hashed && (e->o->hash || e->o->chunks))
+      eng_hash_piece(e, c);
+    if (e->dst && e->dst->sequential && e->dst_busy)
+      return;
+    eng_gate_unlink(e, c);
+    eng_write(e, c);
+  }
+}
+
+static void
+eng_ready(struct engine *e, struct cop *c)
+{
+  c->state = COP_READY;
+  if (e->ordered)
+    eng_gate_advance(e);
+  else
+    eng_write(e, c);
+}
+
+static void
+eng_read_done(struct engine *e, struct cop *c)
+{
+  struct ep_op *r = &c->rop;
+  e->src_busy--;
+  if (e->failed || r->err) {
+    eng_fail(e, "read from", e->src, c->offset, c->length, r->err,
+             r->errmsg);
+    eng_cop_release(e, c);
+    eng_gate_advance(e);
+    return;
+  }
+  if (r->eof) {
+    e->src_eof = true;
+    e->size = c->offset + r->length;
+    e->st->total = e->size;
+    c->length = r->length;
+    if (c->length == 0) {
+      eng_cop_release(e, c);
+      eng_gate_advance(e);
+      return;
+    }
+  }
+  if (!e->o->allocated && !e->o->no_zero_detect &&
+      eng_is_zero(c->buf, (size_t)c->length))
+    c->zero = true;
+  eng_ready(e, c);
+}
+
+static void
+eng_write_done(struct engine *e, struct cop *c)
+{
+  struct ep_op *w = &c->wop;
+  e->dst_busy--;
+  if (w->err)
+    eng_fail(e, w->type == EP_ZERO ? "zeroing" : "write to", e->dst,
+             c->offset, c->length, w->err, w->errmsg);
+  else
+    eng_account(e, c, w->type == EP_ZERO, w->skipped);
+  eng_cop_release(e, c);
+  if (e->ordered)
+    eng_gate_advance(e);
+}
+
+static void
+eng_extents_done(struct engine *e)
+{
+  struct ep_op *op = &e->ext_op;
+  e->ext_pending = false;
+  if (op->err || op->nextents == 0) {
+    eng_fail(e, "extents of", e->src, op->offset, op->length,
+             op->err ? op->err : EPROTO, op->errmsg);
+    return;
+  }
+  if (e->ext_head + e->ext_count + op->nextents > ENG_EXT_CAP) {
+    memmove(e->ext, e->ext + e->ext_head, e->ext_count * sizeof e->ext[0]);
+    e->ext_head = 0;
+  }
+  for (size_t i = 0; i < op->nextents; i++) {
+    struct endpoint_extent x = op->extents[i];
+    if (x.length > e->size - e->ext_end)
+      x.length = e->size - e->ext_end;
+    if (x.length == 0)
+      break;
+    e->ext[e->ext_head + e->ext_count++] = x;
+    e->ext_end += x.length;
+  }
+}
+
+static void
+eng_flush_done(struct engine *e)
+{
+  e->flushing = false;
+  e->flushed = true;
+  if (e->flush_op.err)
+    eng_fail(e, "flush of", e->dst, 0, e->size, e->flush_op.err,
+             e->flush_op.errmsg);
+}
+
+static void
+eng_handle(struct engine *e, struct ep_op *op)
+{
+  if (op == &e->ext_op) {
+    eng_extents_done(e);
+    return;
+  }
+  if (op == &e->flush_op) {
+    eng_flush_done(e);
+    return;
+  }
+  struct cop *c = op->arg;
+  if (op == &c->rop)
+    eng_read_done(e, c);
+  else
+    eng_write_done(e, c);
+}
+
+/* ---- planner ---- */
+
+enum plan { PLAN_OK, PLAN_WAIT, PLAN_DONE };
+
+static void
+eng_request_extents(struct engine *e, uint64_t from)
+{
+  struct ep_op *op = &e->ext_op;
+  *op = (struct ep_op){ .type = EP_EXTENTS, .offset = from,
+                        .length = eng_min(e->size - from, ENDPOINT_STATUS_SPAN),
+                        .extents = e->ext_batch, .max_extents = ENG_EXT_BATCH,
+                        .done = eng_ctl_done, .arg = e };
+  e->ext_pending = true;
+  int r = endpoint_submit(e->src, op);
+  if (r < 0) {
+    e->ext_pending = false;
+    eng_fail(e, "extents of", e->src, from, op->length, -r, NULL);
+  }
+}
+
+/* Length of a data piece at pos that may end no later than end. */
+static uint64_t
+eng_data_len(struct engine *e, uint64_t end)
+{
+  uint64_t grid = e->rsize - e->pos % e->rsize;
+  uint64_t len = eng_min(end - e->pos, grid);
+  if (e->size != UINT64_MAX)
+    len = eng_min(len, e->size - e->pos);
+  return len;
+}
+
+static uint64_t
+eng_round_up(struct engine *e, uint64_t x)
+{
+  uint64_t r = (x + e->align - 1) / e->align * e->align;
+  return e->size != UINT64_MAX && r > e->size ? e->size : r;
+}
+
+static enum plan
+eng_plan(struct engine *e, uint64_t *len, bool *zero)
+{
+  if (e->src_eof || (e->size != UINT64_MAX && e->pos >= e->size))
+    return PLAN_DONE;
+  *zero = false;
+  if (!e->src->has_extents) {
+    *len = eng_data_len(e, e->pos + e->rsize);
+    return PLAN_OK;
+  }
+  if (!e->ext_pending && e->ext_end < e->size &&
+      e->ext_count < ENG_EXT_BATCH)
+    eng_request_extents(e, e->ext_end);
+  if (e->ext_count == 0)
+    return PLAN_WAIT;
+  const struct endpoint_extent *x = &e->ext[e->ext_head];
+  uint64_t xend = e->pos + x->length;
+  if (x->zero) {
+    uint64_t zend = xend == e->size ? xend : xend / e->align * e->align;
+    if (zend > e->pos && e->pos % e->align == 0) {
+      *zero = true;
+      *len = eng_min(zend - e->pos, e->zero_max);
+      return PLAN_OK;
+    }
+  }
+  /* Data, rounded out to the alignment so the next piece starts aligned;
+   * never past the extents we know. */
+  uint64_t end = eng_min(eng_round_up(e, xend), e->ext_end);
+  *len = eng_data_len(e, end);
+  return PLAN_OK;
+}
+
+static void
+eng_consume(struct engine *e, uint64_t len)
+{
+  e->pos += len;
+  while (len > 0 && e->ext_count > 0) {
+    struct endpoint_extent *x = &e->ext[e->ext_head];
+    if (x->length <= len) {
+      len -= x->length;
+      e->ext_head++;
+      e->ext_count--;
+    } else {
+      x->length -= len;
+      len = 0;
+    }
+  }
+  if (e->ext_count == 0)
+    e->ext_head = 0;
+}
+
+static struct cop *
+eng_cop_take(struct engine *e, uint64_t len, bool zero)
+{
+  struct cop *c = e->free_cops;
+  e->free_cops = c->next;
+  memset(c, 0, sizeof *c);
+  c->eng = e;
+  c->offset = e->pos;
+  c->length = len;
+  c->zero = zero;
+  c->t0_us = eng_now_us();
+  e->active++;
+  if (e->ordered) {
+    c->in_order = true;
+    c->prev = e->gate_tail;
+    if (e->gate_tail)
+      e->gate_tail->next = c;
+    else
+      e->gate_head = c;
+    e->gate_tail = c;
+  }
+  return c;
+}
+
+/* Issues one piece if the window, the pool and the planner allow it.
+ * Returns true when something was issued. */
+static bool
+eng_issue_one(struct engine *e)
+{
+  uint64_t len;
+  bool zero;
+  if (e->failed || e->free_cops == NULL)
+    return false;
+  if (e->src->sequential && e->src_busy)
+    return false;
+  if (eng_plan(e, &len, &zero) != PLAN_OK)
+    return false;
+  if (zero) {
+    if (e->zero_active >= COPY_MAX_ZERO_INFLIGHT)
+      return false;
+    struct cop *c = eng_cop_take(e, len, true);
+    e->zero_active++;
+    eng_consume(e, len);
+    eng_ready(e, c);
+    return true;
+  }
+  if (e->inflight > 0 && e->inflight + len > e->window)
+    return false;
+  uint8_t *buf = eng_buf_take(e);
+  if (buf == NULL)
+    return false;
+  struct cop *c = eng_cop_take(e, len, false);
+  c->buf = buf; /* the piece owns it now */
+  c->charge = len;
+  e->inflight += len;
+  e->data_active++;
+  if (e->inflight > e->st->peak_inflight)
+    e->st->peak_inflight = e->inflight;
+  if (e->data_active > e->st->peak_depth)
+    e->st->peak_depth = e->data_active;
+  eng_consume(e, len);
+  c->state = COP_READING;
+  c->rop = (struct ep_op){ .type = EP_READ, .offset = c->offset,
+                           .length = len, .buf = buf, .done = eng_op_done,
+                           .arg = c };
+  e->src_busy++;
+  int r = endpoint_submit(e->src, &c->rop);
+  if (r < 0) {
+    e->src_busy--;
+    eng_fail(e, "read from", e->src, c->offset, len, -r, NULL);
+    eng_cop_release(e, c);
+  }
+  return true;
+}
+
+/* ---- progress ---- */
+
+static void
+eng_progress(struct engine *e, bool final)
+{
+  uint64_t now = eng_now_us();
+  const struct copy_stats *st = e->st;
+  double secs = (double)(now - e->t_start_us) / 1e6;
+  double mibs = secs > 0 ? (double)st->done / 1048576.0 / secs : 0;
+  uint64_t total = e->size == UINT64_MAX ? 0 : e->size;
+  if (e->o->progress == COPY_PROGRESS_JSON) {
+    if (!final && now - e->t_last_print_us < 1000000)
+      return;
+    fprintf(stderr,
+            "{\"phase\": \"%s\", \"done\": %llu, \"total\": %llu, "
+            "\"percent\": %.1f, \"seconds\": %.2f, \"mib_per_s\": %.1f, "
+            "\"inflight\": %llu}\n",
+            e->o->label, (unsigned long long)st->done,
+            (unsigned long long)total,
+            total ? 100.0 * (double)st->done / (double)total : 100.0, secs,
+            mibs, (unsigned long long)e->inflight);
+  } else if (e->o->progress == COPY_PROGRESS_BAR && e->tty) {
+    if (!final && now - e->t_last_print_us < 200000)
+      return;
+    char a[32], b[32];
+    double frac = total ? (double)st->done / (double)total : 0;
+    int fill = (int)(frac * 30);
+    double eta = mibs > 0 && total ? (double)(total - st->done) / 1048576.0 / mibs : 0;
+    fprintf(stderr, "\r%s [%-30.*s] %5.1f%% %s / %s %.0f MiB/s ETA %d:%02d ",
+            e->o->label, fill, "##############################",
+            100.0 * frac, size_format(st->done, a, sizeof a),
+            size_format(total, b, sizeof b), mibs, (int)eta / 60,
+            (int)eta % 60);
+    if (final)
+      fputc('\n', stderr);
+  }
+  e->t_last_print_us = now;
+}
+
+/* Window = 2 x bandwidth x RTT (smallest RTT the transport saw) plus a
+ * floor of requests that keeps the servers busy, capped. */
+static void
+eng_adapt(struct engine *e)
+{
+  uint64_t now = eng_now_us();
+  if (!e->adaptive || now - e->t_last_adapt_us < 1000000)
+    return;
+  double dt = (double)(now - e->t_last_adapt_us) / 1e6;
+  double bw = (double)(e->st->done - e->done_at_last_adapt) / dt;
+  uint32_t rtt = 0;
+  struct endpoint *eps[2] = { e->src, e->dst };
+  for (int i = 0; i < 2; i++)
+    if (eps[i] && eps[i]->ops->sample_rtt) {
+      uint32_t r = eps[i]->ops->sample_rtt(eps[i]);
+      if (r > rtt)
+        rtt = r;
+    }
+  uint64_t w = (uint64_t)(2 * bw * (double)rtt / 1e6) +
+               COPY_WINDOW_FLOOR_REQUESTS * e->rsize;
+  if (w > COPY_WINDOW_CAP)
+    w = COPY_WINDOW_CAP;
+  e->window = w;
+  e->max_bufs = (size_t)((w + e->rsize - 1) / e->rsize) + 1;
+  e->t_last_adapt_us = now;
+  e->done_at_last_adapt = e->st->done;
+}
+
+/* ---- driving ---- */
+
+static void
+eng_check_finish(struct engine *e)
+{
+  uint64_t len;
+  bool zero;
+  if (e->active > 0 || e->ext_pending || e->flushing || e->finished)
+    return;
+  if (!e->failed && eng_plan(e, &len, &zero) != PLAN_DONE)
+    return;
+  if (!e->failed && e->dst && !e->o->no_flush && e->dst->can_flush &&
+      !e->flushed) {
+    e->flush_op = (struct ep_op){ .type = EP_FLUSH, .done = eng_ctl_done,
+                                  .arg = e };
+    e->flushing = true;
+    int r = endpoint_submit(e->dst, &e->flush_op);
+    if (r < 0) {
+      e->flushing = false;
+      e->flushed = true;
+      eng_fail(e, "flush of", e->dst, 0, e->size, -r, NULL);
+    } else {
+      return;
+    }
+  }
+  e->finished = true;
+  loop_stop(e->env->loop);
+}
+
+static void
+eng_pump(void *arg)
+{
+  struct engine *e = arg;
+  if (e->pumping)
+    return;
+  e->pumping = true;
+  for (;;) {
+    bool busy = false;
+    while (e->done_head) {
+      struct ep_op *op = e->done_head;
+      e->done_head = op->next_done;
+      if (e->done_head == NULL)
+        e->done_tail = NULL;
+      eng_handle(e, op);
+      busy = true;
+    }
+    while (eng_issue_one(e))
+      busy = true;
+    if (!busy && e->done_head == NULL)
+      break;
+  }
+  eng_check_finish(e);
+  e->pumping = false;
+}
+
+static void
+eng_tick(struct loop *l, void *arg)
+{
+  struct engine *e = arg;
+  (void)l;
+  ep_env_drain(e->env);
+  eng_pump(e);
+  eng_adapt(e);
+  if (!e->finished)
+    eng_progress(e, false);
+}
+
+static uint64_t
+eng_lcm_align(const struct endpoint *a, const struct endpoint *b)
+{
+  uint64_t x = a->align > 4096 ? a->align : 4096;
+  if (b && b->align > x)
+    x = b->align;
+  return x; /* all powers of two: the largest is a multiple of the rest */
+}
+
+static int
+eng_setup(struct engine *e)
+{
+  const struct copy_opts *o = e->o;
+  e->align = eng_lcm_align(e->src, e->dst);
+  uint64_t maxreq = e->src->max_request;
+  if (e->dst && e->dst->max_request < maxreq)
+    maxreq = e->dst->max_request;
+  e->rsize = o->request_size ? o->request_size : COPY_DEFAULT_REQUEST;
+  if (e->rsize > maxreq)
+    e->rsize = maxreq;
+  if (e->rsize >= e->align)
+    e->rsize = e->rsize / e->align * e->align;
+  else
+    e->align = e->rsize; /* tiny request sizes: trust the user */
+  e->adaptive = o->inflight == 0;
+  e->window = o->inflight ? o->inflight
+                          : COPY_WINDOW_FLOOR_REQUESTS * e->rsize;
+  if (e->window < e->rsize)
+    e->window = e->rsize;
+  e->max_bufs = (size_t)((e->window + e->rsize - 1) / e->rsize) + 1;
+  size_t pool_cap = (size_t)(COPY_WINDOW_CAP / e->rsize) + 2;
+  if (pool_cap < e->max_bufs)
+    pool_cap = e->max_bufs;
+  e->free_bufs = calloc(pool_cap, sizeof *e->free_bufs);
+  e->cops = calloc(ENG_MAX_COPS, sizeof *e->cops);
+  if (e->free_bufs == NULL || e->cops == NULL)
+    return -ENOMEM;
+  for (int i = ENG_MAX_COPS - 1; i >= 0; i--) {
+    e->cops[i].next = e->free_cops;
+    e->free_cops = &e->cops[i];
+  }
+  bool zero_writes = e->dst && (o->allocated || !e->dst->can_zero);
+  e->zero_max = zero_writes ? e->rsize : ENDPOINT_ZERO_MAX;
+  if (zero_writes && (e->zero_buf = calloc(1, (size_t)e->rsize)) == NULL)
+    return -ENOMEM;
+  e->ordered = o->hash || o->chunks || (e->dst && e->dst->sequential);
+  if (o->chunks) {
+    e->chunk_state = XXH3_createState();
+    if (e->chunk_state == NULL)
+      return -ENOMEM;
+    XXH3_64bits_reset(e->chunk_state);
+    uint8_t *z = calloc(1, COPY_CHUNK);
+    if (z == NULL)
+      return -ENOMEM;
+    e->zero_chunk_digest = XXH3_64bits(z, COPY_CHUNK);
+    free(z);
+    struct copy_chunks *ch = o->chunks;
+    uint64_t want = e->size == UINT64_MAX ? 0 : e->size / COPY_CHUNK + 1;
+    ch->n = 0;
+    ch->cap = want;
+    ch->d = want ? calloc(want, sizeof *ch->d) : NULL;
+    if (want && ch->d == NULL)
+      return -ENOMEM;
+  }
+  return 0;
+}
+
+static void
+eng_teardown(struct engine *e)
+{
+  for (size_t i = 0; i < e->nfree_bufs; i++)
+    free(e->free_bufs[i]);
+  free(e->free_bufs);
+  free(e->cops);
+  free(e->zero_buf);
+  if (e->chunk_state)
+    XXH3_freeState(e->chunk_state);
+}
+
+static void
+eng_finish_chunks(struct engine *e)
+{
+  struct copy_chunks *ch = e->o->chunks;
+  if (ch && e->chunk_fill > 0 && ch->n < ch->cap)
+    ch->d[ch->n++] = XXH3_64bits_digest(e->chunk_state);
+}
+
+int
+copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
+         const struct copy_opts *o, struct copy_stats *st, char *err,
+         size_t errlen)
+{
+  struct engine *e = calloc(1, sizeof *e);
+  if (e == NULL) {
+    snprintf(err, errlen, "out of memory");
+    return -ENOMEM;
+  }
+  memset(st, 0, sizeof *st);
+  e->env = env;
+  e->src = src;
+  e->dst = dst;
+  e->o = o;
+  e->st = st;
+  e->err = err;
+  e->errlen = errlen;
+  e->size = src->size_known ? src->size
+          : dst && dst->size_known ? dst->size : UINT64_MAX;
+  if (o->max_bytes && (e->size == UINT64_MAX || e->size > o->max_bytes))
+    e->size = o->max_bytes;
+  e->tty = isatty(STDERR_FILENO);
+  int r = eng_setup(e);
+  if (r < 0) {
+    snprintf(err, errlen, "out of memory");
+    eng_teardown(e);
+    free(e);
+    return r;
+  }
+  st->total = e->size == UINT64_MAX ? 0 : e->size;
+  st->request_size = e->rsize;
+  st->src_connections = src->connections;
+  st->dst_connections = dst ? dst->connections : 0;
+  e->t_start_us = e->t_last_print_us = e->t_last_adapt_us = eng_now_us();
+
+  env->kick = eng_pump;
+  env->kick_arg = e;
+  loop_set_tick(env->loop, 200, eng_tick, e);
+  eng_pump(e);
+  if (!e->finished)
+    r = loop_run(env->loop);
+  loop_set_tick(env->loop, 0, NULL, NULL);
+  env->kick = NULL;
+
+  st->seconds = (double)(eng_now_us() - e->t_start_us) / 1e6;
+  st->window = e->window;
+  if (r < 0 && !e->failed)
+    eng_fail(e, "event loop", NULL, 0, 0, -r, NULL);
+  if (!e->failed && e->o->progress != COPY_PROGRESS_NONE)
+    eng_progress(e, true);
+  else if (e->failed && e->o->progress == COPY_PROGRESS_BAR && e->tty)
+    fputc('\n', stderr);
+  eng_finish_chunks(e);
+  struct endpoint *nbd = dst && dst->ops->tcp_json ? dst : src;
+  st->tcp_json[0] = '\0';
+  if (nbd->ops->tcp_json &&
+      nbd->ops->tcp_json(nbd, st->tcp_json, sizeof st->tcp_json) < 0)
+    st->tcp_json[0] = '\0';
+  r = e->failed ? -e->failed : 0;
+  eng_teardown(e);
+  free(e);
+  return r;
+}
+
+void
+copy_chunks_free(struct copy_chunks *c)
+{
+  free(c->d);
+  c->d = NULL;
+  c->n = c->cap = 0;
+}

@@ -1,0 +1,81 @@
+/* engine.h: the pipelined copy engine.
+ *
+ * The planner walks the source's extents and cuts them into pieces: data
+ * pieces of at most the request size on a grid of that size, and zero
+ * pieces. Each data piece takes a buffer from the pool, which then
+ * belongs to that piece alone until the destination has acknowledged the
+ * write (or the copy failed): no other piece can overwrite it. Pieces are
+ * issued while the bytes in flight stay within the window.
+ *
+ * Progress counts bytes whose write has completed, never bytes issued.
+ * Any failure stops issuing; the pieces already in flight are awaited,
+ * and copy_run returns -errno with one line describing the first failure.
+ *
+ * When a hash is wanted (sum, verify), pieces pass an ordering gate after
+ * their read: they are hashed in offset order, holes as zeroes without
+ * being read. */
+#ifndef NBDFLOW_COPY_ENGINE_H
+#define NBDFLOW_COPY_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "copy/endpoint.h"
+#include "util/hash.h"
+
+/* Defaults and limits (documented in docs/copy.md). */
+#define COPY_DEFAULT_REQUEST (2u << 20)
+#define COPY_WINDOW_FLOOR_REQUESTS 8      /* adaptive window floor */
+#define COPY_WINDOW_CAP (UINT64_C(256) << 20) /* adaptive window cap */
+#define COPY_MAX_ZERO_INFLIGHT 16
+#define COPY_CHUNK (UINT64_C(4) << 20)    /* verify digest granularity */
+
+enum copy_progress { COPY_PROGRESS_NONE, COPY_PROGRESS_BAR,
+                     COPY_PROGRESS_JSON };
+
+/* Per-chunk digests of a stream, for --verify: one XXH3-64 per COPY_CHUNK
+ * bytes. */
+struct copy_chunks {
+  uint64_t *d;
+  uint64_t n, cap;
+};
+
+struct copy_opts {
+  uint64_t request_size; /* 0: automatic */
+  uint64_t inflight;     /* bytes; 0: adaptive */
+  uint64_t max_bytes;    /* copy at most this much of src; 0: all */
+  bool allocated;        /* write every byte, zeroes included */
+  bool dst_is_zero;      /* destination already reads as zeroes */
+  bool no_flush;
+  bool no_zero_detect;
+  enum copy_progress progress;
+  const char *label;     /* progress label, e.g. "copy" or "verify" */
+  struct hash_ctx *hash; /* whole-stream digest of the source, or NULL */
+  struct copy_chunks *chunks; /* per-chunk digests to record, or NULL */
+};
+
+struct copy_stats {
+  uint64_t total;         /* bytes of the image */
+  uint64_t done;          /* completed bytes (written, zeroed or skipped) */
+  uint64_t copied;        /* written as data */
+  uint64_t zeroed;        /* written as zeroes (WRITE_ZEROES, punch) */
+  uint64_t skipped;       /* needed no write at all */
+  uint64_t requests;
+  double seconds;
+  uint64_t request_size;
+  uint64_t window;        /* final in-flight byte limit */
+  uint64_t peak_inflight; /* most bytes in flight at once */
+  unsigned peak_depth;    /* most data requests in flight at once */
+  unsigned src_connections, dst_connections;
+  char tcp_json[1024];    /* TCP diagnostics of the NBD side, or "" */
+};
+
+/* Copies src to dst (dst NULL: read and hash only). Returns 0, or -errno
+ * with the first failure described in err. */
+int copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
+             const struct copy_opts *o, struct copy_stats *st, char *err,
+             size_t errlen);
+
+void copy_chunks_free(struct copy_chunks *c);
+
+#endif
