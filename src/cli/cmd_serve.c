@@ -32,6 +32,12 @@ serve_usage(FILE *f)
 "      --threads N            worker threads for export I/O (default 8)\n"
 "  -P, --pidfile FILE         write the pid to FILE once listening\n"
 "      --stats                sample TCP_INFO every 200 ms and log a summary\n"
+"      --tls=off|on|require   TLS: never (default); offered (clients choose);\n"
+"                             required before any option but STARTTLS\n"
+"      --tls-certs DIR        X.509: DIR/ca-cert.pem, server-cert.pem and\n"
+"                             server-key.pem\n"
+"      --tls-psk FILE         pre-shared keys, username:hexkey lines (psktool)\n"
+"      --tls-verify-peer      demand a client certificate signed by the CA\n"
 "                             per connection when it closes (stall %%, bytes\n"
 "                             per segment, RTT, delivery rate)\n"
 "  -v, --verbose              log every connection\n"
@@ -56,11 +62,52 @@ serve_int(const char *opt, const char *arg, int min, int max, int *out)
   return 0;
 }
 
+static int
+serve_tls_mode(const char *arg, enum tls_mode *mode)
+{
+  if (strcmp(arg, "off") == 0)
+    *mode = TLS_OFF;
+  else if (strcmp(arg, "on") == 0)
+    *mode = TLS_ON;
+  else if (strcmp(arg, "require") == 0)
+    *mode = TLS_REQUIRE;
+  else {
+    fprintf(stderr, "nbdflow serve: --tls: \"%s\" is not off, on or "
+            "require\n", arg);
+    return -1;
+  }
+  return 0;
+}
+
+/* Credentials without TLS, or TLS without credentials, are mistakes the
+ * user should hear about before a client does. */
+static int
+serve_tls_check(const struct server_config *cfg)
+{
+  bool creds = cfg->tls.certs_dir || cfg->tls.psk_file;
+  if (cfg->tls_mode != TLS_OFF && !creds) {
+    fprintf(stderr, "nbdflow serve: --tls=%s needs --tls-certs DIR or "
+            "--tls-psk FILE\n", cfg->tls_mode == TLS_ON ? "on" : "require");
+    return -1;
+  }
+  if (cfg->tls_mode == TLS_OFF && (creds || cfg->tls.verify_peer)) {
+    fprintf(stderr, "nbdflow serve: TLS credentials or --tls-verify-peer "
+            "given, but TLS is off: add --tls=on or --tls=require\n");
+    return -1;
+  }
+  if (cfg->tls.verify_peer && cfg->tls.certs_dir == NULL) {
+    fprintf(stderr, "nbdflow serve: --tls-verify-peer checks X.509 client "
+            "certificates: it needs --tls-certs DIR\n");
+    return -1;
+  }
+  return 0;
+}
+
 int
 cmd_serve(int argc, char **argv)
 {
   enum { OPT_MAXCONN = 256, OPT_INFLIGHT, OPT_HSTIMEOUT, OPT_THREADS,
-         OPT_STATS };
+         OPT_STATS, OPT_TLS, OPT_TLS_CERTS, OPT_TLS_PSK, OPT_TLS_VERIFY };
   static const struct option opts[] = {
     { "listen", required_argument, NULL, 'l' },
     { "unix", required_argument, NULL, 'u' },
@@ -71,6 +118,10 @@ cmd_serve(int argc, char **argv)
     { "threads", required_argument, NULL, OPT_THREADS },
     { "pidfile", required_argument, NULL, 'P' },
     { "stats", no_argument, NULL, OPT_STATS },
+    { "tls", required_argument, NULL, OPT_TLS },
+    { "tls-certs", required_argument, NULL, OPT_TLS_CERTS },
+    { "tls-psk", required_argument, NULL, OPT_TLS_PSK },
+    { "tls-verify-peer", no_argument, NULL, OPT_TLS_VERIFY },
     { "verbose", no_argument, NULL, 'v' },
     { "quiet", no_argument, NULL, 'q' },
     { "help", no_argument, NULL, 'h' },
@@ -115,6 +166,18 @@ cmd_serve(int argc, char **argv)
     case OPT_STATS:
       cfg.stats = true;
       break;
+    case OPT_TLS:
+      r = serve_tls_mode(optarg, &cfg.tls_mode);
+      break;
+    case OPT_TLS_CERTS:
+      cfg.tls.certs_dir = optarg;
+      break;
+    case OPT_TLS_PSK:
+      cfg.tls.psk_file = optarg;
+      break;
+    case OPT_TLS_VERIFY:
+      cfg.tls.verify_peer = true;
+      break;
     case 'v':
       log_threshold = LOG_DEBUG;
       break;
@@ -140,5 +203,7 @@ cmd_serve(int argc, char **argv)
     fprintf(stderr, "nbdflow serve: --listen and --unix exclude each other\n");
     return 2;
   }
+  if (serve_tls_check(&cfg) < 0)
+    return 2;
   return server_run(&cfg, argv + optind, argc - optind);
 }

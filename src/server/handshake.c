@@ -11,6 +11,8 @@
 
 #define LOG_CAP 16 /* bad-input lines per connection */
 
+static int handshake_tls_begin(struct conn *c);
+
 static void
 hs_log(struct conn *c, const char *fmt, ...)
 {
@@ -57,7 +59,8 @@ handshake_flush(struct conn *c)
     if (n == -EAGAIN)
       break;
     if (n < 0) {
-      log_debug("%s: send failed: %s", c->peer, strerror((int)-n));
+      log_warn("%s: client gone during the handshake (send: %s)", c->peer,
+               strerror((int)-n));
       return -1;
     }
     memmove(c->hs_out, c->hs_out + n, c->hs_out_len - (size_t)n);
@@ -81,6 +84,8 @@ handshake_flush(struct conn *c)
   pthread_mutex_unlock(&c->lock);
   if (c->hs_out_len == 0 && c->state == CS_CLOSING && c->exp == NULL)
     return -1; /* ABORT acknowledged: now close */
+  if (c->hs_out_len == 0 && c->tls_starting)
+    return handshake_tls_begin(c) < 0 ? -1 : 1;
   return c->hs_out_len == 0 ? 1 : 0;
 }
 
@@ -197,8 +202,9 @@ opt_list(struct conn *c)
   opt_reply(c, NBD_REP_ACK, NULL, 0);
 }
 
-/* Refuses STARTTLS: this server has no TLS configured (§TLS support:
- * NOTLS mode answers ERR_UNSUP or ERR_POLICY, never ERR_TLS_REQD). */
+/* STARTTLS (§NBD_OPT_STARTTLS, §TLS support). NOTLS mode refuses with
+ * ERR_POLICY; otherwise the ACK goes out in clear and TLS starts once it
+ * has left (handshake_flush). */
 static void
 opt_starttls(struct conn *c)
 {
@@ -206,7 +212,96 @@ opt_starttls(struct conn *c)
     opt_error(c, NBD_REP_ERR_INVALID, "STARTTLS takes no data");
     return;
   }
-  opt_error(c, NBD_REP_ERR_POLICY, "TLS is not configured on this server");
+  if (c->srv->tls == NULL) {
+    opt_error(c, NBD_REP_ERR_POLICY, "TLS is not configured on this server");
+    return;
+  }
+  if (c->tls) {
+    opt_error(c, NBD_REP_ERR_INVALID, "TLS is already on");
+    return;
+  }
+  opt_reply(c, NBD_REP_ACK, NULL, 0);
+  /* Nothing negotiated in clear survives the upgrade. */
+  c->structured = false;
+  c->extended = false;
+  c->meta_export = NULL;
+  c->meta_base_allocation = false;
+  c->tls_starting = true;
+}
+
+/* FORCEDTLS before TLS (§FORCEDTLS mode): only STARTTLS and ABORT are
+ * served. Returns true when the option was answered (or must close the
+ * connection: *r = -1). */
+static bool
+opt_tls_required(struct conn *c, int *r)
+{
+  if (c->srv->cfg.tls_mode != TLS_REQUIRE || c->tls ||
+      c->opt.option == NBD_OPT_STARTTLS || c->opt.option == NBD_OPT_ABORT)
+    return false;
+  if (c->opt.option == NBD_OPT_EXPORT_NAME) {
+    hs_log(c, "EXPORT_NAME before STARTTLS, but TLS is required");
+    *r = -1; /* EXPORT_NAME cannot be answered with an error */
+    return true;
+  }
+  opt_error(c, NBD_REP_ERR_TLS_REQD, "TLS is required: send STARTTLS "
+            "first");
+  return true;
+}
+
+/* The ACK to STARTTLS has left: switch the transport to TLS. Returns as
+ * handshake_tls_step. */
+static int
+handshake_tls_begin(struct conn *c)
+{
+  char err[256];
+
+  c->tls_starting = false;
+  if (c->in_off < c->in_len) {
+    /* Plaintext sent behind STARTTLS before our ACK could be an injected
+     * command; it must never reach TLS or the option parser. */
+    log_warn("%s: %zu bytes sent in clear behind STARTTLS; closing the "
+             "connection", c->peer, c->in_len - c->in_off);
+    return -1;
+  }
+  if (tls_server_start(&c->t, c->srv->tls, err, sizeof err) < 0) {
+    log_warn("%s: cannot start TLS: %s; closing the connection", c->peer,
+             err);
+    return -1;
+  }
+  c->state = CS_TLS_HANDSHAKE;
+  return handshake_tls_step(c);
+}
+
+int
+handshake_tls_step(struct conn *c)
+{
+  char err[512];
+  bool want_write;
+
+  int r = tls_handshake_step(&c->t, &want_write, err, sizeof err);
+  if (r == -EAGAIN) {
+    pthread_mutex_lock(&c->lock);
+    c->want_out = want_write;
+    conn_update_events(c);
+    pthread_mutex_unlock(&c->lock);
+    return 0;
+  }
+  if (r < 0) {
+    log_warn("%s: TLS handshake failed: %s; closing the connection",
+             c->peer, err);
+    return -1;
+  }
+  c->tls = true;
+  conn_expect(c, CS_OPT_HDR, c->msg, NBD_OPT_HDR_LEN);
+  if (log_threshold >= LOG_DEBUG) {
+    tls_describe(&c->t, err, sizeof err);
+    log_debug("%s: TLS established: %s", c->peer, err);
+  }
+  pthread_mutex_lock(&c->lock);
+  c->want_out = false;
+  conn_update_events(c);
+  pthread_mutex_unlock(&c->lock);
+  return 1;
 }
 
 static void
@@ -369,7 +464,9 @@ handshake_option(struct conn *c)
            wire_opt_name(c->opt.option));
     return -1; /* unfixed newstyle has no way to answer */
   }
-  if (c->state == CS_OPT_DISCARD) {
+  if (opt_tls_required(c, &r)) {
+    /* answered; an over-long option's data was dropped already */
+  } else if (c->state == CS_OPT_DISCARD) {
     if (c->opt.option == NBD_OPT_EXPORT_NAME) {
       hs_log(c, "EXPORT_NAME of %u bytes is too long", len);
       return -1;

@@ -65,6 +65,10 @@ conn_update_events(struct conn *c)
     return;
   uint32_t ev = 0;
   bool reading = !c->paused && c->state != CS_CLOSING && c->hs_out_len == 0;
+  /* A TLS handshake waiting to write needs no read events (level
+   * triggered, they would spin the loop). */
+  if (c->state == CS_TLS_HANDSHAKE && c->want_out)
+    reading = false;
   if (reading)
     ev |= EPOLLIN;
   if (c->want_out)
@@ -197,6 +201,7 @@ conn_step(struct conn *c)
   case CS_REQ_SPLICE:
     return transmission_payload(c);
   case CS_CLOSING:
+  case CS_TLS_HANDSHAKE: /* never reads through conn_step */
     return 0;
   }
   return -1;
@@ -240,7 +245,8 @@ conn_read_splice(struct conn *c)
 static bool
 conn_may_read(struct conn *c)
 {
-  if (c->dead || c->state == CS_CLOSING || c->hs_out_len > 0)
+  if (c->dead || c->state == CS_CLOSING || c->state == CS_TLS_HANDSHAKE ||
+      c->hs_out_len > 0)
     return false;
   pthread_mutex_lock(&c->lock);
   bool paused = c->paused;
@@ -322,7 +328,15 @@ conn_on_event(struct loop *l, int fd, uint32_t events, void *arg)
 {
   struct conn *c = arg;
 
-  if (events & EPOLLOUT) {
+  if (c->state == CS_TLS_HANDSHAKE) {
+    int r = handshake_tls_step(c);
+    if (r < 0) {
+      conn_close(c, NULL);
+      return;
+    }
+    if (r == 0)
+      return;
+  } else if (events & EPOLLOUT) {
     /* The handshake's last reply may still be queued when transmission
      * has begun: it goes first. */
     int r = c->hs_out_len ? handshake_flush(c) : transmission_flush(c);
@@ -431,7 +445,8 @@ server_tick(struct loop *l, void *arg)
     list = c->resume_next;
     if (!c->dead) {
       pthread_mutex_lock(&c->lock);
-      bool done = c->closing && c->inflight == 0 && c->sendq == NULL;
+      bool done = c->closing && c->inflight == 0 && c->sendq == NULL &&
+                  !c->want_out; /* TLS may still hold bytes */
       bool failed = c->send_failed;
       pthread_mutex_unlock(&c->lock);
       if (failed)
@@ -552,6 +567,7 @@ server_cleanup(struct server *s)
   for (int i = 0; i < s->nexports; i++)
     export_close(s->exports[i]);
   free(s->exports);
+  tls_creds_free(s->tls);
   loop_free(s->loop);
   pthread_mutex_destroy(&s->resume_lock);
 }
@@ -577,6 +593,19 @@ server_run(struct server_config *cfg, char **export_args, int nexports)
         log_error("export name \"%s\" given twice", s.exports[i]->name);
         goto cleanup;
       }
+  }
+  if (cfg->tls_mode != TLS_OFF) {
+    char err[512];
+    if (tls_creds_server_new(&cfg->tls, &s.tls, err, sizeof err) < 0) {
+      log_error("%s", err);
+      goto cleanup;
+    }
+    log_info("TLS %s (%s%s%s)%s",
+             cfg->tls_mode == TLS_REQUIRE ? "required" : "offered",
+             cfg->tls.certs_dir ? "X.509" : "",
+             cfg->tls.certs_dir && cfg->tls.psk_file ? ", " : "",
+             cfg->tls.psk_file ? "PSK" : "",
+             cfg->tls.verify_peer ? ", client certificates required" : "");
   }
   /* Block the stop signals before any thread starts, so that only the
    * loop's signalfd sees them. */

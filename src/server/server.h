@@ -15,6 +15,7 @@
 
 #include "net/loop.h"
 #include "net/tcpinfo.h"
+#include "net/tls.h"
 #include "net/transport.h"
 #include "proto/wire.h"
 #include "server/export.h"
@@ -39,6 +40,8 @@ struct server_config {
   int threads;
   const char *pidfile;
   bool stats;
+  enum tls_mode tls_mode;
+  struct tls_server_config tls;
 };
 
 struct conn;
@@ -53,6 +56,7 @@ struct server {
   int nlisten;
   int nconns;
   struct conn *conns; /* all live connections, loop thread only */
+  struct tls_creds *tls; /* NULL when cfg.tls_mode is TLS_OFF */
 
   /* Connections a worker asked the loop to look at again (resume reading
    * after backpressure, flush, or finish closing). */
@@ -62,6 +66,7 @@ struct server {
 
 enum conn_state {
   CS_CLIENT_FLAGS, /* reading the 4-byte client flags */
+  CS_TLS_HANDSHAKE, /* after STARTTLS's ACK: the TLS handshake runs */
   CS_OPT_HDR,
   CS_OPT_DATA,
   CS_OPT_DISCARD, /* option data too large to keep: dropped as it comes */
@@ -129,6 +134,7 @@ struct conn {
   uint64_t discard_left;   /* bytes still to drop (option or payload) */
   uint8_t discard_buf[4096];
   bool structured, extended, tls;
+  bool tls_starting; /* STARTTLS acknowledged: TLS begins once it is out */
   struct export *meta_export; /* last SET_META_CONTEXT's export, or NULL */
   bool meta_base_allocation;  /* base:allocation selected */
   struct export *exp;         /* after GO / EXPORT_NAME */
@@ -173,6 +179,9 @@ void handshake_queue(struct conn *c, const void *p, size_t len);
 /* Sends what is queued without blocking: 1 when everything left, 0 when
  * the rest waits for EPOLLOUT, -1 on error. */
 int handshake_flush(struct conn *c);
+/* Drives the TLS handshake after STARTTLS: 1 when it is complete, 0 while
+ * it waits for the socket, -1 when it failed (logged; close). */
+int handshake_tls_step(struct conn *c);
 
 /* transmission.c */
 /* A request header was read into c->dst. Returns 0, or -1 to close. */

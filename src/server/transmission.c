@@ -339,13 +339,15 @@ req_run(struct work *w)
 
 /* ---- sending ---- */
 
-/* Writes what the socket takes: 1 when the reply is out, 0 when the rest
- * must wait, -errno on failure. Called under c->lock. */
+/* Hands the reply to the transport: 1 when the transport has taken all of
+ * it (q's buffers are free again; the transport may still hold bytes for
+ * its flush), 0 when the rest must wait, -errno on failure. flags: 0, or
+ * TRANSPORT_SEND_MORE when another reply follows at once. Under c->lock. */
 static int
-req_try_send(struct conn *c, struct req *q)
+req_try_send(struct conn *c, struct req *q, int flags)
 {
   while (q->iov_left > 0) {
-    ssize_t n = c->t.ops->sendv(&c->t, q->iov_cur, q->iov_left, 0);
+    ssize_t n = c->t.ops->sendv(&c->t, q->iov_cur, q->iov_left, flags);
     if (n == -EAGAIN)
       return 0;
     if (n < 0)
@@ -395,10 +397,21 @@ req_send(struct req *q)
     conn_put(c);
     return;
   }
-  int r = c->sendq ? 0 : req_try_send(c, q);
+  int r = c->sendq ? 0 : req_try_send(c, q, 0);
+  if (r == 1) {
+    /* What the transport still holds (a TLS record the socket did not
+     * take) goes on EPOLLOUT; the reply itself is done. */
+    int f = c->t.ops->flush(&c->t);
+    if (f == -EAGAIN && !c->want_out) {
+      c->want_out = true;
+      conn_update_events(c);
+    } else if (f < 0 && f != -EAGAIN) {
+      c->send_failed = true;
+    }
+  }
   bool finished = r != 0; /* a queued reply keeps its reference */
   if (r == 1) {
-    resume = req_finish_locked(c, q);
+    resume = req_finish_locked(c, q) || c->send_failed;
   } else if (r == 0) {
     if (c->sendq_tail)
       c->sendq_tail->next = q;
@@ -430,7 +443,9 @@ transmission_flush(struct conn *c)
   pthread_mutex_lock(&c->lock);
   while (c->sendq) {
     struct req *q = c->sendq;
-    int r = req_try_send(c, q);
+    /* Replies queued together leave together: only the last one
+     * uncorks. */
+    int r = req_try_send(c, q, q->next ? TRANSPORT_SEND_MORE : 0);
     if (r == 0)
       break;
     if (r < 0) {
@@ -450,7 +465,8 @@ transmission_flush(struct conn *c)
     c->want_out = r == -EAGAIN;
     conn_update_events(c);
   }
-  bool done = c->closing && c->inflight == 0 && c->sendq == NULL;
+  bool done = c->closing && c->inflight == 0 && c->sendq == NULL &&
+              !c->want_out;
   pthread_mutex_unlock(&c->lock);
   while (puts-- > 0)
     conn_put(c); /* the loop's own reference keeps c alive here */
@@ -616,14 +632,15 @@ transmission_header(struct conn *c)
     log_debug("%s: disconnect requested", c->peer);
     pthread_mutex_lock(&c->lock);
     c->closing = true;
-    bool now = c->inflight == 0 && c->sendq == NULL;
+    bool now = c->inflight == 0 && c->sendq == NULL && !c->want_out;
     pthread_mutex_unlock(&c->lock);
     c->state = CS_CLOSING;
     c->dst = NULL;
     return now ? -1 : 0; /* -1 closes at once, gracefully */
   }
+  /* Compact headers know no PAYLOAD_LEN: there it is just a bad flag. */
   bool has_payload = q->r.type == NBD_CMD_WRITE ||
-                     (q->r.flags & NBD_CMD_FLAG_PAYLOAD_LEN);
+                     (c->extended && (q->r.flags & NBD_CMD_FLAG_PAYLOAD_LEN));
   uint64_t payload = has_payload ? q->r.length : 0;
   if (payload > SERVER_MAX_PAYLOAD) {
     tx_log(c, "%s payload of %llu bytes exceeds the maximum %u",

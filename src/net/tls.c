@@ -1,0 +1,840 @@
+/* tls.c: the TLS transport over GnuTLS, and credential loading. See tls.h
+ * for the send semantics, which everything here serves. */
+#include "tls.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+#include <gnutls/gnutls.h>
+#include <gnutls/x509.h>
+
+#include "net/loop.h"
+#include "util/log.h"
+
+#define TLS_RECORD_MAX 16384 /* the TLS maximum plaintext per record */
+#define TLS_PSK_LINE_MAX 4096
+/* TLS 1.2 and later only (§TLS versions). AEAD ciphers only, AES-GCM
+ * first and the server's order winning: with AES-NI, GnuTLS runs
+ * AES-128-GCM about ten times faster than ChaCha20 here, and a client
+ * left to choose often picks the slow one. */
+#define TLS_PRIO_BASE "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2:" \
+  "-CIPHER-ALL:+AES-128-GCM:+AES-256-GCM:+CHACHA20-POLY1305:" \
+  "+AES-128-CCM:+AES-256-CCM:%SERVER_PRECEDENCE"
+#define TLS_PRIO_PSK ":+ECDHE-PSK:+DHE-PSK:+PSK"
+
+struct tls_creds {
+  gnutls_certificate_credentials_t x509; /* NULL without --tls-certs */
+  gnutls_psk_server_credentials_t psk;   /* NULL without --tls-psk */
+  gnutls_priority_t prio;
+  bool verify_peer;
+};
+
+/* One session: the transport's priv. */
+struct tls_session {
+  gnutls_session_t s;
+  int fd;
+  bool server;
+  bool handshake_done;
+  bool more; /* the push adds MSG_MORE: another record follows at once */
+  bool held; /* the last push used MSG_MORE: the kernel may hold a tail */
+  size_t rec_max; /* plaintext per record, at most TLS_RECORD_MAX */
+  /* Record buffer, owned by the session: plaintext of the record being
+   * gathered or, when pending is set, of the record GnuTLS has encrypted
+   * and needs gnutls_record_send to be repeated for. */
+  uint8_t rec[TLS_RECORD_MAX];
+  size_t rec_len;
+  bool pending;
+  /* Client sessions own their credentials; server ones borrow. */
+  gnutls_certificate_credentials_t own_x509;
+  gnutls_psk_client_credentials_t own_psk;
+  gnutls_priority_t own_prio;
+};
+
+static void
+tls_err(char *err, size_t errlen, const char *fmt, ...)
+{
+  va_list ap;
+  if (errlen == 0)
+    return;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+}
+
+/* ---- socket I/O under GnuTLS ---- */
+
+static ssize_t
+tls_push(gnutls_transport_ptr_t ptr, const giovec_t *iov, int iovcnt)
+{
+  struct tls_session *ts = ptr;
+  struct msghdr m = { .msg_iov = (struct iovec *)iov,
+                      .msg_iovlen = (size_t)iovcnt };
+  int flags = MSG_NOSIGNAL | MSG_DONTWAIT | (ts->more ? MSG_MORE : 0);
+  for (;;) {
+    ssize_t n = sendmsg(ts->fd, &m, flags);
+    if (n >= 0) {
+      ts->held = ts->more;
+      return n;
+    }
+    if (errno != EINTR)
+      return -1; /* GnuTLS reads errno */
+  }
+}
+
+static ssize_t
+tls_pull(gnutls_transport_ptr_t ptr, void *buf, size_t len)
+{
+  struct tls_session *ts = ptr;
+  for (;;) {
+    ssize_t n = recv(ts->fd, buf, len, MSG_DONTWAIT);
+    if (n >= 0 || errno != EINTR)
+      return n;
+  }
+}
+
+static int
+tls_pull_timeout(gnutls_transport_ptr_t ptr, unsigned int ms)
+{
+  struct tls_session *ts = ptr;
+  struct pollfd p = { .fd = ts->fd, .events = POLLIN };
+  int r = poll(&p, 1, ms == GNUTLS_INDEFINITE_TIMEOUT ? -1 : (int)ms);
+  return r < 0 ? -1 : r;
+}
+
+/* Maps a fatal GnuTLS result to -errno. */
+static int
+tls_errno(int r)
+{
+  switch (r) {
+  case GNUTLS_E_PUSH_ERROR:
+    return -EPIPE;
+  case GNUTLS_E_PULL_ERROR:
+    return -ECONNRESET;
+  case GNUTLS_E_MEMORY_ERROR:
+    return -ENOMEM;
+  case GNUTLS_E_DECRYPTION_FAILED:
+    return -EBADMSG;
+  default:
+    return -EPROTO;
+  }
+}
+
+/* ---- the transport ---- */
+
+static ssize_t
+tls_recv(struct transport *t, void *buf, size_t len)
+{
+  struct tls_session *ts = t->priv;
+  /* Warning alerts are skipped; each one consumed input, and the bound
+   * keeps a peer from holding the loop with a flood of them. */
+  for (int i = 0; i < 64; i++) {
+    ssize_t n = gnutls_record_recv(ts->s, buf, len);
+    if (n >= 0)
+      return n;
+    if (n == GNUTLS_E_AGAIN)
+      return -EAGAIN;
+    if (n == GNUTLS_E_INTERRUPTED)
+      continue;
+    if (n == GNUTLS_E_PREMATURE_TERMINATION)
+      return 0; /* closed without close_notify: an EOF like any other */
+    if (n == GNUTLS_E_REHANDSHAKE) {
+      log_debug("TLS: peer asked for renegotiation; refusing");
+      return -EPROTO;
+    }
+    if (!gnutls_error_is_fatal((int)n))
+      continue;
+    log_debug("TLS receive: %s", gnutls_strerror((int)n));
+    return tls_errno((int)n);
+  }
+  return -EPROTO;
+}
+
+/* Completes what gnutls_record_send left: 0 when done, -EAGAIN, -errno. */
+static int
+tls_result(struct tls_session *ts, ssize_t r)
+{
+  if (r == GNUTLS_E_AGAIN || r == GNUTLS_E_INTERRUPTED) {
+    ts->pending = true;
+    return -EAGAIN;
+  }
+  ts->pending = false;
+  if (r < 0) {
+    log_debug("TLS send: %s", gnutls_strerror((int)r));
+    return tls_errno((int)r);
+  }
+  if ((size_t)r < ts->rec_len) /* only if the record limit shrank */
+    memmove(ts->rec, ts->rec + r, ts->rec_len - (size_t)r);
+  ts->rec_len -= (size_t)r;
+  return 0;
+}
+
+/* Sends the record buffer (all of it, in as few records as the session
+ * allows). more: another record follows at once. */
+static int
+tls_send_rec(struct tls_session *ts, bool more)
+{
+  while (ts->rec_len > 0) {
+    ts->more = more;
+    /* While pending, GnuTLS wants these very arguments again. */
+    int r = tls_result(ts, gnutls_record_send(ts->s, ts->rec, ts->rec_len));
+    if (r < 0)
+      return r;
+  }
+  return 0;
+}
+
+static ssize_t
+tls_sendv(struct transport *t, const struct iovec *iov, int iovcnt,
+          int flags)
+{
+  struct tls_session *ts = t->priv;
+  bool more_msg = flags & TRANSPORT_SEND_MORE;
+  size_t total = 0, done = 0;
+  int r;
+
+  for (int i = 0; i < iovcnt; i++)
+    total += iov[i].iov_len;
+  if (ts->pending) {
+    r = tls_send_rec(ts, total > 0 || more_msg);
+    if (r < 0)
+      return r;
+  }
+  for (int i = 0; i < iovcnt; i++) {
+    const uint8_t *p = iov[i].iov_base;
+    size_t n = iov[i].iov_len;
+    while (n > 0) {
+      if (ts->rec_len > 0 || n < ts->rec_max) {
+        /* Gather small pieces (and the start of a payload after a
+         * header) into one record. */
+        size_t k = ts->rec_max - ts->rec_len;
+        if (k > n)
+          k = n;
+        memcpy(ts->rec + ts->rec_len, p, k);
+        ts->rec_len += k;
+        p += k;
+        n -= k;
+        done += k;
+        if (ts->rec_len < ts->rec_max)
+          continue;
+        r = tls_send_rec(ts, done < total || more_msg);
+        if (r == -EAGAIN)
+          return (ssize_t)done; /* GnuTLS holds the record */
+        if (r < 0)
+          return r;
+        continue;
+      }
+      /* A whole record straight from the caller's memory. */
+      size_t k = ts->rec_max;
+      ts->more = done + k < total || more_msg;
+      ssize_t s = gnutls_record_send(ts->s, p, k);
+      if (s == GNUTLS_E_AGAIN || s == GNUTLS_E_INTERRUPTED) {
+        /* GnuTLS wants the same call repeated: keep a copy of the
+         * arguments, so the caller's memory is free from now on. */
+        memcpy(ts->rec, p, k);
+        ts->rec_len = k;
+        ts->pending = true;
+        return (ssize_t)(done + k);
+      }
+      if (s < 0) {
+        log_debug("TLS send: %s", gnutls_strerror((int)s));
+        return tls_errno((int)s);
+      }
+      p += s;
+      n -= (size_t)s;
+      done += (size_t)s;
+    }
+  }
+  if (!more_msg && ts->rec_len > 0) {
+    r = tls_send_rec(ts, false);
+    if (r < 0 && r != -EAGAIN)
+      return r;
+  }
+  return (ssize_t)done;
+}
+
+static int
+tls_flush(struct transport *t)
+{
+  struct tls_session *ts = t->priv;
+  int r = tls_send_rec(ts, false);
+  if (r < 0)
+    return r;
+  if (ts->held) {
+    /* A record went out with MSG_MORE and nothing followed: setting
+     * TCP_NODELAY again pushes the kernel's queue (fails harmlessly on
+     * Unix sockets, which ignore MSG_MORE anyway). */
+    int one = 1;
+    setsockopt(ts->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    ts->held = false;
+  }
+  return 0;
+}
+
+static size_t
+tls_pending(struct transport *t)
+{
+  struct tls_session *ts = t->priv;
+  return gnutls_record_check_pending(ts->s);
+}
+
+static int
+tls_shutdown(struct transport *t)
+{
+  struct tls_session *ts = t->priv;
+  if (ts->handshake_done) {
+    tls_flush(t);
+    /* One try: close_notify is a courtesy, never worth blocking for. */
+    gnutls_bye(ts->s, GNUTLS_SHUT_WR);
+  }
+  return shutdown(t->fd, SHUT_WR) < 0 ? -errno : 0;
+}
+
+static void
+tls_session_free(struct tls_session *ts)
+{
+  if (ts->s)
+    gnutls_deinit(ts->s);
+  if (ts->own_x509)
+    gnutls_certificate_free_credentials(ts->own_x509);
+  if (ts->own_psk)
+    gnutls_psk_free_client_credentials(ts->own_psk);
+  if (ts->own_prio)
+    gnutls_priority_deinit(ts->own_prio);
+  free(ts);
+}
+
+static void
+tls_free(struct transport *t)
+{
+  tls_session_free(t->priv);
+  t->priv = NULL;
+}
+
+static const struct transport_ops tls_ops = {
+  .name = "tls",
+  .recv = tls_recv,
+  .sendv = tls_sendv,
+  .flush = tls_flush,
+  .pending = tls_pending,
+  .shutdown = tls_shutdown,
+  .free = tls_free,
+};
+
+bool
+tls_is_tls(const struct transport *t)
+{
+  return t->ops == &tls_ops;
+}
+
+/* A session on fd, with our I/O functions; flags as gnutls_init's. */
+static struct tls_session *
+tls_session_new(int fd, unsigned flags, char *err, size_t errlen)
+{
+  struct tls_session *ts = calloc(1, sizeof *ts);
+  if (ts == NULL) {
+    tls_err(err, errlen, "out of memory");
+    return NULL;
+  }
+  int r = gnutls_init(&ts->s, flags | GNUTLS_NONBLOCK | GNUTLS_NO_SIGNAL);
+  if (r < 0) {
+    tls_err(err, errlen, "gnutls_init: %s", gnutls_strerror(r));
+    ts->s = NULL;
+    tls_session_free(ts);
+    return NULL;
+  }
+  ts->fd = fd;
+  ts->server = flags & GNUTLS_SERVER;
+  ts->rec_max = TLS_RECORD_MAX;
+  gnutls_transport_set_ptr(ts->s, ts);
+  gnutls_transport_set_vec_push_function(ts->s, tls_push);
+  gnutls_transport_set_pull_function(ts->s, tls_pull);
+  gnutls_transport_set_pull_timeout_function(ts->s, tls_pull_timeout);
+  return ts;
+}
+
+int
+tls_handshake_step(struct transport *t, bool *want_write, char *err,
+                   size_t errlen)
+{
+  struct tls_session *ts = t->priv;
+  int r;
+
+  *want_write = false;
+  for (int i = 0; i < 16; i++) {
+    r = gnutls_handshake(ts->s);
+    if (r == GNUTLS_E_SUCCESS) {
+      size_t max = gnutls_record_get_max_size(ts->s);
+      ts->rec_max = max > 0 && max < TLS_RECORD_MAX ? max : TLS_RECORD_MAX;
+      ts->handshake_done = true;
+      return 0;
+    }
+    if (r == GNUTLS_E_AGAIN) {
+      *want_write = gnutls_record_get_direction(ts->s) == 1;
+      return -EAGAIN;
+    }
+    if (gnutls_error_is_fatal(r))
+      break;
+  }
+  char extra[512] = "";
+  if (r == GNUTLS_E_FATAL_ALERT_RECEIVED) {
+    snprintf(extra, sizeof extra, " (peer's alert: %s)",
+             gnutls_alert_get_name(gnutls_alert_get(ts->s)));
+  } else if (r == GNUTLS_E_CERTIFICATE_VERIFICATION_ERROR ||
+             r == GNUTLS_E_CERTIFICATE_ERROR) {
+    gnutls_datum_t out = { NULL, 0 };
+    unsigned status = gnutls_session_get_verify_cert_status(ts->s);
+    if (gnutls_certificate_verification_status_print(
+          status, GNUTLS_CRT_X509, &out, 0) == 0) {
+      snprintf(extra, sizeof extra, " (%s)", (const char *)out.data);
+      gnutls_free(out.data);
+    }
+  }
+  tls_err(err, errlen, "%s%s", gnutls_strerror(r), extra);
+  switch (r) {
+  case GNUTLS_E_CERTIFICATE_VERIFICATION_ERROR:
+  case GNUTLS_E_CERTIFICATE_ERROR:
+  case GNUTLS_E_NO_CERTIFICATE_FOUND:
+  case GNUTLS_E_DECRYPTION_FAILED: /* a wrong PSK shows as this */
+    return -EACCES;
+  case GNUTLS_E_PULL_ERROR:
+  case GNUTLS_E_PUSH_ERROR:
+  case GNUTLS_E_PREMATURE_TERMINATION:
+    return -ECONNRESET;
+  default:
+    return -EPROTO;
+  }
+}
+
+void
+tls_describe(struct transport *t, char *buf, size_t len)
+{
+  struct tls_session *ts = t->priv;
+  const char *ver = gnutls_protocol_get_name(gnutls_protocol_get_version(ts->s));
+  const char *cipher = gnutls_cipher_get_name(gnutls_cipher_get(ts->s));
+  const char *who = "";
+  char user[160] = "";
+  if (gnutls_auth_get_type(ts->s) == GNUTLS_CRD_PSK) {
+    const char *u = ts->server ? gnutls_psk_server_get_username(ts->s) : NULL;
+    if (u) {
+      snprintf(user, sizeof user, ", PSK user \"%.100s\"", u);
+      who = user;
+    } else {
+      who = ", PSK";
+    }
+  } else if (gnutls_certificate_get_peers(ts->s, NULL)) {
+    who = ", peer certificate verified";
+  } else {
+    who = ", X.509";
+  }
+  snprintf(buf, len, "%s %s%s", ver ? ver : "?", cipher ? cipher : "?", who);
+}
+
+/* ---- server credentials ---- */
+
+static char *
+tls_path(const char *dir, const char *name)
+{
+  size_t n = strlen(dir) + strlen(name) + 2;
+  char *p = malloc(n);
+  if (p)
+    snprintf(p, n, "%s/%s", dir, name);
+  return p;
+}
+
+/* Checks a psktool file: "username:hexkey" lines. Returns 0 or -errno. */
+static int
+tls_psk_check(const char *file, char *err, size_t errlen)
+{
+  FILE *f = fopen(file, "r");
+  if (f == NULL) {
+    int e = errno;
+    tls_err(err, errlen, "cannot read PSK file %s: %s", file, strerror(e));
+    return -e;
+  }
+  char line[TLS_PSK_LINE_MAX];
+  int lineno = 0, keys = 0, r = 0;
+  while (fgets(line, sizeof line, f)) {
+    lineno++;
+    size_t n = strcspn(line, "\r\n");
+    line[n] = '\0';
+    if (n == 0)
+      continue;
+    char *colon = strchr(line, ':');
+    const char *hex = colon ? colon + 1 : "";
+    size_t hl = strlen(hex);
+    bool ok = colon && colon > line && hl > 0 && hl % 2 == 0;
+    for (size_t i = 0; ok && i < hl; i++)
+      ok = isxdigit((unsigned char)hex[i]);
+    if (!ok) {
+      tls_err(err, errlen, "PSK file %s line %d: expected "
+              "\"username:hexkey\"", file, lineno);
+      r = -EINVAL;
+      break;
+    }
+    keys++;
+  }
+  fclose(f);
+  if (r == 0 && keys == 0) {
+    tls_err(err, errlen, "PSK file %s holds no key", file);
+    r = -EINVAL;
+  }
+  return r;
+}
+
+static int
+tls_creds_load_x509(struct tls_creds *c, const char *dir, bool verify,
+                    char *err, size_t errlen)
+{
+  char *ca = tls_path(dir, TLS_CA_CERT);
+  char *cert = tls_path(dir, TLS_SERVER_CERT);
+  char *key = tls_path(dir, TLS_SERVER_KEY);
+  int ret = -ENOMEM, r;
+
+  if (ca == NULL || cert == NULL || key == NULL)
+    goto cleanup;
+  r = gnutls_certificate_allocate_credentials(&c->x509);
+  if (r < 0) {
+    c->x509 = NULL;
+    tls_err(err, errlen, "GnuTLS: %s", gnutls_strerror(r));
+    goto cleanup;
+  }
+  ret = -EINVAL;
+  r = gnutls_certificate_set_x509_key_file(c->x509, cert, key,
+                                           GNUTLS_X509_FMT_PEM);
+  if (r < 0) {
+    tls_err(err, errlen, "cannot load %s with key %s: %s", cert, key,
+            gnutls_strerror(r));
+    goto cleanup;
+  }
+  if (access(ca, R_OK) == 0) {
+    r = gnutls_certificate_set_x509_trust_file(c->x509, ca,
+                                               GNUTLS_X509_FMT_PEM);
+    if (r <= 0) {
+      tls_err(err, errlen, "cannot load CA certificate %s: %s", ca,
+              r < 0 ? gnutls_strerror(r) : "no certificate in it");
+      goto cleanup;
+    }
+  } else if (verify) {
+    tls_err(err, errlen, "--tls-verify-peer needs %s to check client "
+            "certificates", ca);
+    goto cleanup;
+  }
+  ret = 0;
+cleanup:
+  if (ret == -ENOMEM && err[0] == '\0')
+    tls_err(err, errlen, "out of memory");
+  free(ca);
+  free(cert);
+  free(key);
+  return ret;
+}
+
+int
+tls_creds_server_new(const struct tls_server_config *cfg,
+                     struct tls_creds **out, char *err, size_t errlen)
+{
+  struct tls_creds *c = calloc(1, sizeof *c);
+  int r;
+
+  if (errlen)
+    err[0] = '\0';
+  if (c == NULL) {
+    tls_err(err, errlen, "out of memory");
+    return -ENOMEM;
+  }
+  c->verify_peer = cfg->verify_peer;
+  if (cfg->certs_dir == NULL && cfg->psk_file == NULL) {
+    tls_err(err, errlen, "TLS needs credentials: --tls-certs DIR or "
+            "--tls-psk FILE");
+    r = -EINVAL;
+    goto fail;
+  }
+  if (cfg->certs_dir) {
+    r = tls_creds_load_x509(c, cfg->certs_dir, cfg->verify_peer, err, errlen);
+    if (r < 0)
+      goto fail;
+  }
+  if (cfg->psk_file) {
+    r = tls_psk_check(cfg->psk_file, err, errlen);
+    if (r < 0)
+      goto fail;
+    r = gnutls_psk_allocate_server_credentials(&c->psk);
+    if (r >= 0)
+      r = gnutls_psk_set_server_credentials_file(c->psk, cfg->psk_file);
+    if (r < 0) {
+      tls_err(err, errlen, "PSK file %s: %s", cfg->psk_file,
+              gnutls_strerror(r));
+      r = -EINVAL;
+      goto fail;
+    }
+  }
+  const char *prio = cfg->psk_file ? TLS_PRIO_BASE TLS_PRIO_PSK
+                                   : TLS_PRIO_BASE;
+  r = gnutls_priority_init(&c->prio, prio, NULL);
+  if (r < 0) {
+    c->prio = NULL;
+    tls_err(err, errlen, "TLS priority \"%s\": %s", prio, gnutls_strerror(r));
+    r = -EINVAL;
+    goto fail;
+  }
+  *out = c;
+  return 0;
+fail:
+  tls_creds_free(c);
+  return r;
+}
+
+void
+tls_creds_free(struct tls_creds *c)
+{
+  if (c == NULL)
+    return;
+  if (c->x509)
+    gnutls_certificate_free_credentials(c->x509);
+  if (c->psk)
+    gnutls_psk_free_server_credentials(c->psk);
+  if (c->prio)
+    gnutls_priority_deinit(c->prio);
+  free(c);
+}
+
+int
+tls_server_start(struct transport *t, const struct tls_creds *creds,
+                 char *err, size_t errlen)
+{
+  struct tls_session *ts = tls_session_new(t->fd, GNUTLS_SERVER, err,
+                                           errlen);
+  if (ts == NULL)
+    return -ENOMEM;
+  int r = gnutls_priority_set(ts->s, creds->prio);
+  if (r >= 0 && creds->x509) {
+    r = gnutls_credentials_set(ts->s, GNUTLS_CRD_CERTIFICATE, creds->x509);
+    if (creds->verify_peer) {
+      gnutls_certificate_server_set_request(ts->s, GNUTLS_CERT_REQUIRE);
+      gnutls_session_set_verify_cert(ts->s, NULL, 0);
+    } else {
+      gnutls_certificate_server_set_request(ts->s, GNUTLS_CERT_IGNORE);
+    }
+  }
+  if (r >= 0 && creds->psk)
+    r = gnutls_credentials_set(ts->s, GNUTLS_CRD_PSK, creds->psk);
+  if (r < 0) {
+    tls_err(err, errlen, "GnuTLS: %s", gnutls_strerror(r));
+    tls_session_free(ts);
+    return -EPROTO;
+  }
+  t->ops = &tls_ops;
+  t->priv = ts;
+  return 0;
+}
+
+/* ---- client side ---- */
+
+/* Finds user's key in a psktool file; *key is a new hex string. */
+static int
+tls_psk_find(const char *file, const char *user, char **key, char *err,
+             size_t errlen)
+{
+  int r = tls_psk_check(file, err, errlen);
+  if (r < 0)
+    return r;
+  FILE *f = fopen(file, "r");
+  if (f == NULL) {
+    int e = errno;
+    tls_err(err, errlen, "cannot read PSK file %s: %s", file, strerror(e));
+    return -e;
+  }
+  char line[TLS_PSK_LINE_MAX];
+  size_t ul = strlen(user);
+  r = -ENOENT;
+  while (fgets(line, sizeof line, f)) {
+    line[strcspn(line, "\r\n")] = '\0';
+    if (strncmp(line, user, ul) == 0 && line[ul] == ':') {
+      *key = strdup(line + ul + 1);
+      r = *key ? 0 : -ENOMEM;
+      break;
+    }
+  }
+  explicit_bzero(line, sizeof line);
+  fclose(f);
+  if (r == -ENOENT)
+    tls_err(err, errlen, "PSK file %s has no key for user \"%s\"", file,
+            user);
+  return r;
+}
+
+static int
+tls_client_creds(struct tls_session *ts, const struct tls_client_config *cfg,
+                 char *err, size_t errlen)
+{
+  int r;
+  if (cfg->psk_file) {
+    const char *user = cfg->username;
+    if (user == NULL)
+      user = getenv("LOGNAME");
+    if (user == NULL)
+      user = getlogin();
+    if (user == NULL) {
+      tls_err(err, errlen, "no PSK username (put it in the URI: "
+              "nbds://USER@HOST/)");
+      return -EINVAL;
+    }
+    char *hex = NULL;
+    r = tls_psk_find(cfg->psk_file, user, &hex, err, errlen);
+    if (r < 0)
+      return r;
+    gnutls_datum_t key = { (unsigned char *)hex, (unsigned)strlen(hex) };
+    r = gnutls_psk_allocate_client_credentials(&ts->own_psk);
+    if (r >= 0)
+      r = gnutls_psk_set_client_credentials(ts->own_psk, user, &key,
+                                            GNUTLS_PSK_KEY_HEX);
+    explicit_bzero(hex, strlen(hex));
+    free(hex);
+    if (r >= 0)
+      r = gnutls_credentials_set(ts->s, GNUTLS_CRD_PSK, ts->own_psk);
+    if (r < 0) {
+      tls_err(err, errlen, "PSK file %s: %s", cfg->psk_file,
+              gnutls_strerror(r));
+      return -EINVAL;
+    }
+    return 0;
+  }
+
+  r = gnutls_certificate_allocate_credentials(&ts->own_x509);
+  if (r < 0) {
+    ts->own_x509 = NULL;
+    tls_err(err, errlen, "GnuTLS: %s", gnutls_strerror(r));
+    return -ENOMEM;
+  }
+  if (cfg->certs_dir) {
+    char *ca = tls_path(cfg->certs_dir, TLS_CA_CERT);
+    char *cert = tls_path(cfg->certs_dir, TLS_CLIENT_CERT);
+    char *key = tls_path(cfg->certs_dir, TLS_CLIENT_KEY);
+    r = -ENOMEM;
+    if (ca && cert && key) {
+      r = 0;
+      if (access(ca, R_OK) == 0) {
+        int n = gnutls_certificate_set_x509_trust_file(ts->own_x509, ca,
+                                                       GNUTLS_X509_FMT_PEM);
+        if (n <= 0) {
+          tls_err(err, errlen, "cannot load CA certificate %s: %s", ca,
+                  n < 0 ? gnutls_strerror(n) : "no certificate in it");
+          r = -EINVAL;
+        }
+      } else if (cfg->verify_peer) {
+        tls_err(err, errlen, "no %s to verify the server with", ca);
+        r = -ENOENT;
+      }
+      if (r == 0 && access(cert, R_OK) == 0) {
+        int n = gnutls_certificate_set_x509_key_file(ts->own_x509, cert, key,
+                                                     GNUTLS_X509_FMT_PEM);
+        if (n < 0) {
+          tls_err(err, errlen, "cannot load %s with key %s: %s", cert, key,
+                  gnutls_strerror(n));
+          r = -EINVAL;
+        }
+      }
+    } else {
+      tls_err(err, errlen, "out of memory");
+    }
+    free(ca);
+    free(cert);
+    free(key);
+    if (r < 0)
+      return r;
+  } else if (cfg->verify_peer) {
+    r = gnutls_certificate_set_x509_system_trust(ts->own_x509);
+    if (r <= 0) {
+      tls_err(err, errlen, "no system CA certificates to verify the server "
+              "with (give tls-certificates=DIR)");
+      return -ENOENT;
+    }
+  }
+  r = gnutls_credentials_set(ts->s, GNUTLS_CRD_CERTIFICATE, ts->own_x509);
+  if (r < 0) {
+    tls_err(err, errlen, "GnuTLS: %s", gnutls_strerror(r));
+    return -EPROTO;
+  }
+  if (cfg->verify_peer)
+    gnutls_session_set_verify_cert(ts->s, cfg->hostname, 0);
+  return 0;
+}
+
+/* True when s is an IP literal (no SNI for those, RFC 6066). */
+static bool
+tls_is_ip(const char *s)
+{
+  struct in6_addr a6;
+  struct in_addr a4;
+  return inet_pton(AF_INET, s, &a4) == 1 || inet_pton(AF_INET6, s, &a6) == 1;
+}
+
+int
+tls_client_start(struct transport *t, const struct tls_client_config *cfg,
+                 int timeout_ms, char *err, size_t errlen)
+{
+  uint64_t deadline = timeout_ms < 0 ? 0 : loop_now_ms() + (uint64_t)timeout_ms;
+  struct tls_session *ts = tls_session_new(t->fd, GNUTLS_CLIENT, err, errlen);
+  int r;
+
+  if (ts == NULL)
+    return -ENOMEM;
+  const char *prio = cfg->psk_file ? TLS_PRIO_BASE TLS_PRIO_PSK
+                                   : TLS_PRIO_BASE;
+  r = gnutls_priority_init(&ts->own_prio, prio, NULL);
+  if (r < 0) {
+    ts->own_prio = NULL;
+    tls_err(err, errlen, "TLS priority \"%s\": %s", prio, gnutls_strerror(r));
+    r = -EINVAL;
+    goto fail;
+  }
+  gnutls_priority_set(ts->s, ts->own_prio);
+  r = tls_client_creds(ts, cfg, err, errlen);
+  if (r < 0)
+    goto fail;
+  if (cfg->hostname && !cfg->psk_file && !tls_is_ip(cfg->hostname))
+    gnutls_server_name_set(ts->s, GNUTLS_NAME_DNS, cfg->hostname,
+                           strlen(cfg->hostname));
+
+  struct transport tt = { .ops = &tls_ops, .fd = t->fd, .priv = ts };
+  for (;;) {
+    bool ww;
+    r = tls_handshake_step(&tt, &ww, err, errlen);
+    if (r != -EAGAIN)
+      break;
+    int ms = -1;
+    if (deadline) {
+      uint64_t now = loop_now_ms();
+      if (now >= deadline) {
+        tls_err(err, errlen, "TLS handshake timed out");
+        r = -ETIMEDOUT;
+        break;
+      }
+      ms = (int)(deadline - now);
+    }
+    struct pollfd p = { .fd = t->fd, .events = ww ? POLLOUT : POLLIN };
+    if (poll(&p, 1, ms) < 0 && errno != EINTR) {
+      r = -errno;
+      tls_err(err, errlen, "poll: %s", strerror(errno));
+      break;
+    }
+  }
+  if (r < 0)
+    goto fail;
+  *t = tt;
+  return 0;
+fail:
+  tls_session_free(ts);
+  return r;
+}

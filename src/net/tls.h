@@ -1,0 +1,107 @@
+/* tls.h: the TLS transport (GnuTLS) and the credentials behind it.
+ *
+ * After NBD_OPT_STARTTLS has been acknowledged, tls_server_start (or
+ * tls_client_start) swaps a connection's plain transport for this one, on
+ * the same fd; protocol code above keeps calling the transport table and
+ * never asks whether TLS is on.
+ *
+ * Send semantics (what sendv and flush promise under TLS):
+ * - sendv packs plaintext into records of the largest size the session
+ *   allows (16 KiB). Small pieces (headers, short replies) are gathered in
+ *   a record buffer inside the transport; a large piece is encrypted
+ *   straight from the caller's memory, one full record at a time.
+ * - With TRANSPORT_SEND_MORE the last partial record stays in the record
+ *   buffer, so that a header and the data that follows leave as one
+ *   record. Without it, sendv ends by sending that partial record.
+ * - A byte counts as sent (is included in sendv's result) once GnuTLS or
+ *   the record buffer holds it; the caller may then reuse its memory.
+ *   When the socket is full, GnuTLS keeps an encrypted record that must be
+ *   pushed again before anything else: the transport remembers that, and
+ *   the next sendv or flush completes it first (-EAGAIN while it cannot).
+ * - flush pushes the pending record and the record buffer; 0 when all is
+ *   on the socket, -EAGAIN while the socket is full (call again on
+ *   EPOLLOUT), -errno when the session is dead.
+ * - recv returns decrypted bytes; pending() counts decrypted bytes GnuTLS
+ *   holds that epoll cannot see.
+ * Threads: one thread may receive while another sends (under the caller's
+ * lock); the handshake must finish before either starts. */
+#ifndef NBDFLOW_NET_TLS_H
+#define NBDFLOW_NET_TLS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "net/transport.h"
+
+/* File names in a certificate directory (the layout qemu and nbdkit use). */
+#define TLS_CA_CERT "ca-cert.pem"
+#define TLS_SERVER_CERT "server-cert.pem"
+#define TLS_SERVER_KEY "server-key.pem"
+#define TLS_CLIENT_CERT "client-cert.pem"
+#define TLS_CLIENT_KEY "client-key.pem"
+
+enum tls_mode {
+  TLS_OFF,     /* NOTLS: STARTTLS is refused */
+  TLS_ON,      /* TLS offered; every export also in clear */
+  TLS_REQUIRE, /* FORCEDTLS: nothing but STARTTLS and ABORT in clear */
+};
+
+struct tls_server_config {
+  const char *certs_dir; /* X.509 directory, or NULL */
+  const char *psk_file;  /* psktool "username:hexkey" lines, or NULL */
+  bool verify_peer;      /* X.509: demand a client certificate the CA signed */
+};
+
+/* Credentials, loaded once at start-up and read-only afterwards: every
+ * session of the server shares them. */
+struct tls_creds;
+
+/* Loads and checks the server's credentials. At least one of certs_dir
+ * and psk_file must be set. Returns 0, or -errno with a sentence for the
+ * user in err that names the bad file. */
+int tls_creds_server_new(const struct tls_server_config *cfg,
+                         struct tls_creds **out, char *err, size_t errlen);
+void tls_creds_free(struct tls_creds *creds);
+
+/* Installs the TLS transport on t (a plain transport on a non-blocking
+ * socket) as a server. The handshake has not run yet: drive it with
+ * tls_handshake_step. creds must outlive the transport. On failure t is
+ * left as it was. */
+int tls_server_start(struct transport *t, const struct tls_creds *creds,
+                     char *err, size_t errlen);
+
+/* Runs the handshake as far as the socket allows, without blocking.
+ * Returns 0 when it is complete; -EAGAIN when it waits for the socket
+ * (*want_write says for which direction); another -errno when it failed,
+ * with the reason (GnuTLS's, and the certificate verdict) in err. */
+int tls_handshake_step(struct transport *t, bool *want_write, char *err,
+                       size_t errlen);
+
+/* One line describing the session ("TLS1.3 AES-128-GCM, PSK user
+ * \"alice\""), for logs. */
+void tls_describe(struct transport *t, char *buf, size_t len);
+
+/* True when t is a TLS transport. For logs and tests, not for protocol
+ * decisions. */
+bool tls_is_tls(const struct transport *t);
+
+struct tls_client_config {
+  const char *certs_dir; /* X.509: ca-cert.pem, optional client-cert.pem
+                          * and client-key.pem; NULL to use the system
+                          * trust store */
+  const char *psk_file;  /* PSK instead of X.509 when set */
+  const char *username;  /* PSK identity; NULL means the login name */
+  const char *hostname;  /* name the server certificate must carry, or NULL
+                          * to check only the chain */
+  bool verify_peer;      /* false: accept any server certificate */
+};
+
+/* Client side: after the server's ACK to NBD_OPT_STARTTLS, installs the
+ * TLS transport on t and completes the handshake, waiting with poll for
+ * at most timeout_ms (-1: forever). Returns 0, or -errno with the reason in
+ * err; on failure the caller must close the connection (there is no going
+ * back to plaintext) and t is left as it was. */
+int tls_client_start(struct transport *t, const struct tls_client_config *cfg,
+                     int timeout_ms, char *err, size_t errlen);
+
+#endif
