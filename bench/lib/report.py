@@ -144,8 +144,11 @@ def verdict(ratio, target, higher_is_better=True):
     return "yes" if ok else "no"
 
 
-def section_servers(out, rows):
-    arms = group(rows, "servers")
+def section_servers(out, rows, meta):
+    if "servers" not in dict(meta).get("sections", "").split():
+        return
+    arms = {k: a for k, a in group(rows, "dense").items()
+            if k[0] in ("nbdcopy", "qemu-img")}
     if not arms:
         return
     clients = sorted({k[0] for k in arms})
@@ -192,7 +195,7 @@ def section_servers(out, rows):
 
 
 def clients_table(out, arms, workload, size_note):
-    servers = [s for s in ("nbdflow", "qemu-nbd", "nbdkit")
+    servers = [s for s in ("nbdflow", "qemu-nbd", "nbdkit", "nbd-server")
                if any(k[1] == s for k in arms)]
     clients = [c for c in ("nbdflow-copy", "nbdcopy", "qemu-img")
                if any(k[0] == c for k in arms)]
@@ -244,8 +247,7 @@ def clients_table(out, arms, workload, size_note):
 
 def section_clients(out, rows, meta):
     m = dict(meta)
-    any_rows = [r for r in rows if r["section"] == "clients"]
-    if not any_rows:
+    if "clients" not in m.get("sections", "").split():
         return
     out.append("## Clients (issue 3): each client writes into the same "
                "server")
@@ -254,7 +256,7 @@ def section_clients(out, rows, meta):
              "sparse": m.get("sparse", ""),
              "sparse-data": "the sparse image's data extents back to back"}
     for wl in ("dense", "sparse", "sparse-data"):
-        arms = group(rows, "clients", wl)
+        arms = group(rows, "dense" if wl == "dense" else "clients", wl)
         if arms:
             clients_table(out, arms, wl, notes[wl])
     sp, sd = group(rows, "clients", "sparse"), group(rows, "clients",
@@ -389,6 +391,19 @@ def main(argv):
                    m.get("duration_s", "?"), m.get("sections", "?"),
                    m.get("runs", "?")))
     out.append("")
+    try:
+        load_start = float(m.get("loadavg_start", "0").split()[0])
+        load_end = float(m.get("loadavg_end", "0").split()[0])
+        cpus = int(m.get("nproc", "1"))
+    except ValueError:
+        load_start, load_end, cpus = 0.0, 0.0, 1
+    if max(load_start, load_end) > 0.5 * cpus:
+        out.append("**Warning: the machine was busy** (load average %.2f "
+                   "at the start, %.2f at the end, on %d CPUs). Other work "
+                   "shares the CPUs with the arms, so ranges are wide; "
+                   "compare within a run and prefer the per-run ratios."
+                   % (load_start, load_end, cpus))
+        out.append("")
     out.append("## Method")
     out.append("")
     out.append("- Arms are interleaved: every run goes once through every "
@@ -411,7 +426,7 @@ def main(argv):
     out.append("- Workloads: dense image %s; sparse image %s." % (
         m.get("size", "?"), m.get("sparse", "?")))
     out.append("")
-    section_servers(out, rows)
+    section_servers(out, rows, meta)
     section_clients(out, rows, meta)
     section_stock(out, rows, meta)
     section_notes(out, rows)
