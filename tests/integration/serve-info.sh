@@ -1,0 +1,62 @@
+#!/bin/bash
+# nbdinfo --json against each export kind: size, flags, block sizes; and
+# the read-only flag with --read-only.
+. "$(dirname "$0")/lib.sh"
+need nbdinfo libnbd-bin
+need python3
+tmpdir_make
+
+make_random "$TMP/disk.img" 8
+
+# check_json JSON_FILE EXPR...: each EXPR is a Python expression over e
+# (the first export object) that must be true.
+check_json () {
+    local file=$1; shift
+    python3 - "$file" "$@" <<'PY' || fail "nbdinfo JSON check failed ($file)"
+import json, sys
+doc = json.load(open(sys.argv[1]))
+e = doc["exports"][0]
+bad = 0
+for expr in sys.argv[2:]:
+    ok = eval(expr, {}, {"e": e, "doc": doc})
+    print("%s: %s" % ("ok" if ok else "NOT OK", expr))
+    bad += not ok
+if bad:
+    print("export object:", json.dumps(e, indent=1))
+sys.exit(1 if bad else 0)
+PY
+}
+
+serve_tcp "$TMP/disk.img" mem=memory:64M nul=null:1G
+
+common=(
+    'e["is_read_only"] is False'
+    'e["can_flush"] and e["can_fua"] and e["can_trim"] and e["can_zero"]'
+    'e["can_multi_conn"] is True'
+    'e["block_size_minimum"] == 1'
+    'e["block_size_preferred"] == 4096'
+    'e["block_size_maximum"] == 32 * 1024 * 1024'
+    'doc["protocol"] == "newstyle-fixed"'
+    'doc["structured"] is True'
+    '"base:allocation" in e.get("contexts", [])'
+)
+
+nbdinfo --json "$URI" >"$TMP/default.json" || fail "nbdinfo of the default export"
+check_json "$TMP/default.json" 'e["export-size"] == 8 * 1024 * 1024' "${common[@]}"
+nbdinfo --json "$URI/mem" >"$TMP/mem.json" || fail "nbdinfo of mem"
+check_json "$TMP/mem.json" 'e["export-size"] == 64 * 1024 * 1024' "${common[@]}"
+nbdinfo --json "$URI/nul" >"$TMP/nul.json" || fail "nbdinfo of nul"
+check_json "$TMP/nul.json" 'e["export-size"] == 1024 ** 3' "${common[@]}"
+check_fails "nbdinfo of an unknown export fails" \
+    nbdinfo --json "$URI/no-such-export" >/dev/null
+serve_stop
+
+serve_tcp --read-only "$TMP/disk.img" mem=memory:1M
+nbdinfo --json "$URI" >"$TMP/ro.json" || fail "nbdinfo, read-only"
+check_json "$TMP/ro.json" 'e["is_read_only"] is True' \
+    'e["export-size"] == 8 * 1024 * 1024'
+nbdinfo --json "$URI/mem" >"$TMP/ro-mem.json" || fail "nbdinfo mem, read-only"
+check_json "$TMP/ro-mem.json" 'e["is_read_only"] is True' \
+    'e["export-size"] == 1024 * 1024'
+serve_stop
+echo "PASS: nbdinfo --json sizes and flags"

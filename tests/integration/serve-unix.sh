@@ -1,0 +1,32 @@
+#!/bin/bash
+# Serving on a Unix socket: info, copies in and out, verified.
+. "$(dirname "$0")/lib.sh"
+need nbdcopy libnbd-bin
+need nbdinfo libnbd-bin
+need qemu-img qemu-utils
+tmpdir_make
+
+sock=$TMP/nbd.sock
+make_random "$TMP/src.img" 16
+truncate -s 16M "$TMP/target.img"
+serve_start --unix "$sock" "$TMP/target.img" mem=memory:16M
+[ -S "$sock" ] || fail "no socket at $sock"
+
+[ "$(nbdinfo --size "nbd+unix:///?socket=$sock")" = $((16 << 20)) ] ||
+    fail "nbdinfo size over the Unix socket"
+nbdcopy "$TMP/src.img" "nbd+unix:///?socket=$sock" || fail "nbdcopy in"
+same "$TMP/src.img" "$TMP/target.img"
+nbdcopy --connections=4 "$TMP/src.img" "nbd+unix:///mem?socket=$sock" ||
+    fail "nbdcopy into mem"
+nbdcopy "nbd+unix:///mem?socket=$sock" "$TMP/out.img" || fail "nbdcopy out"
+same "$TMP/src.img" "$TMP/out.img"
+make_random "$TMP/src2.img" 16
+qemu-img convert -n -f raw -O raw "$TMP/src2.img" \
+    "nbd+unix:///?socket=$sock" || fail "qemu-img in"
+same "$TMP/src2.img" "$TMP/target.img"
+rm -f "$TMP/out.img"
+qemu-img convert -f raw -O raw "nbd+unix:///?socket=$sock" "$TMP/out.img" ||
+    fail "qemu-img out"
+same "$TMP/src2.img" "$TMP/out.img"
+serve_stop
+echo "PASS: Unix socket"
