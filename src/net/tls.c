@@ -45,6 +45,7 @@ struct tls_session {
   gnutls_session_t s;
   int fd;
   bool server;
+  bool psk; /* PSK credentials are on the session */
   bool handshake_done;
   bool more; /* the push adds MSG_MORE: another record follows at once */
   bool held; /* the last push used MSG_MORE: the kernel may hold a tail */
@@ -387,7 +388,20 @@ tls_handshake_step(struct transport *t, bool *want_write, char *err,
       break;
   }
   char extra[512] = "";
-  if (r == GNUTLS_E_FATAL_ALERT_RECEIVED) {
+  bool hangup = r == GNUTLS_E_PULL_ERROR || r == GNUTLS_E_PUSH_ERROR ||
+                r == GNUTLS_E_PREMATURE_TERMINATION;
+  /* Tell the peer why, so that its user sees more than a closed socket.
+   * One try: the socket may be full, and this is a courtesy. */
+  if (!hangup)
+    gnutls_alert_send_appropriate(ts->s, r);
+  if (hangup) {
+    snprintf(extra, sizeof extra, " (the peer hung up%s)",
+             ts->server ? "; did it reject our certificate?" : "");
+  } else if (r == GNUTLS_E_RECEIVED_ILLEGAL_PARAMETER && ts->psk) {
+    /* TLS 1.3 reports a PSK binder that does not verify this way. */
+    snprintf(extra, sizeof extra, " (with PSK: an unknown username, or "
+             "another key)");
+  } else if (r == GNUTLS_E_FATAL_ALERT_RECEIVED) {
     snprintf(extra, sizeof extra, " (peer's alert: %s)",
              gnutls_alert_get_name(gnutls_alert_get(ts->s)));
   } else if (r == GNUTLS_E_CERTIFICATE_VERIFICATION_ERROR ||
@@ -627,8 +641,10 @@ tls_server_start(struct transport *t, const struct tls_creds *creds,
       gnutls_certificate_server_set_request(ts->s, GNUTLS_CERT_IGNORE);
     }
   }
-  if (r >= 0 && creds->psk)
+  if (r >= 0 && creds->psk) {
     r = gnutls_credentials_set(ts->s, GNUTLS_CRD_PSK, creds->psk);
+    ts->psk = true;
+  }
   if (r < 0) {
     tls_err(err, errlen, "GnuTLS: %s", gnutls_strerror(r));
     tls_session_free(ts);
@@ -703,6 +719,7 @@ tls_client_creds(struct tls_session *ts, const struct tls_client_config *cfg,
     free(hex);
     if (r >= 0)
       r = gnutls_credentials_set(ts->s, GNUTLS_CRD_PSK, ts->own_psk);
+    ts->psk = true;
     if (r < 0) {
       tls_err(err, errlen, "PSK file %s: %s", cfg->psk_file,
               gnutls_strerror(r));

@@ -243,8 +243,14 @@ opt_tls_required(struct conn *c, int *r)
     *r = -1; /* EXPORT_NAME cannot be answered with an error */
     return true;
   }
-  opt_error(c, NBD_REP_ERR_TLS_REQD, "TLS is required: send STARTTLS "
-            "first");
+  /* One line per connection: a clear client would otherwise log one
+   * for each option it tries. */
+  static const char msg[] = "TLS is required: send STARTTLS first";
+  if (!c->tls_refused) {
+    c->tls_refused = true;
+    hs_log(c, "option %s in clear: %s", wire_opt_name(c->opt.option), msg);
+  }
+  opt_reply(c, NBD_REP_ERR_TLS_REQD, msg, sizeof msg - 1);
   return true;
 }
 

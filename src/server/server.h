@@ -135,6 +135,7 @@ struct conn {
   uint8_t discard_buf[4096];
   bool structured, extended, tls;
   bool tls_starting; /* STARTTLS acknowledged: TLS begins once it is out */
+  bool tls_refused;  /* an option was refused for want of TLS (logged) */
   struct export *meta_export; /* last SET_META_CONTEXT's export, or NULL */
   bool meta_base_allocation;  /* base:allocation selected */
   struct export *exp;         /* after GO / EXPORT_NAME */

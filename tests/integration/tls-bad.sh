@@ -1,0 +1,166 @@
+#!/bin/bash
+# Bad TLS clients and bad certificates: each one fails with an error on the
+# client side, costs the server exactly one log line, and the server keeps
+# serving good clients. Cases: wrong PSK, unknown PSK user, wrong CA,
+# expired and self-signed server certificates, missing, foreign and expired
+# client certificates with --tls-verify-peer, a plaintext client against
+# --tls=require, and garbage where the TLS handshake or a TLS record should
+# be.
+. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/tls-pki.inc"
+
+need nbdinfo libnbd-bin
+python3 -c 'import ssl' 2>/dev/null || skip "python3 has no ssl module"
+
+tmpdir_make
+pki_ca "$TMP/ca" "nbdflow test CA"
+pki_ca "$TMP/ca2" "some other CA"
+pki_dir "$TMP/ca" "$TMP/good"
+pki_dir "$TMP/ca2" "$TMP/foreign"           # everything from another CA
+pki_dir "$TMP/ca" "$TMP/expired" expired expired
+pki_dir "$TMP/ca" "$TMP/self" self self
+mkdir -p "$TMP/caonly" && cp "$TMP/good/ca-cert.pem" "$TMP/caonly/"
+# A client that trusts the good CA but holds a foreign client pair.
+mkdir -p "$TMP/foreigncli"
+cp "$TMP/good/ca-cert.pem" "$TMP/foreigncli/"
+cp "$TMP/foreign/client-cert.pem" "$TMP/foreign/client-key.pem" "$TMP/foreigncli/"
+# ...and one with an expired client pair.
+mkdir -p "$TMP/expiredcli"
+cp "$TMP/good/ca-cert.pem" "$TMP/expiredcli/"
+cp "$TMP/expired/client-cert.pem" "$TMP/expired/client-key.pem" "$TMP/expiredcli/"
+psk_make "$TMP/keys.psk" alice
+psk_make "$TMP/wrong.psk" alice # same user, another key
+psk_make "$TMP/bob.psk" bob
+truncate -s 4M "$TMP/disk.img"
+
+# bad_client DESCRIPTION PATTERN CMD...: CMD must fail; the server (the
+# one whose log is $SERVER_LOG) must log exactly one line about it,
+# matching PATTERN, and stay up.
+bad_client () {
+    local what=$1 pattern=$2 before after i new
+    shift 2
+    before=$(wc -l <"$SERVER_LOG")
+    if timeout 30 "$@" >"$TMP/client.out" 2>&1; then
+        fail "$what: the client succeeded (command: $*)"
+    fi
+    for ((i = 0; i < 50; i++)); do
+        after=$(wc -l <"$SERVER_LOG")
+        [ "$after" -gt "$before" ] && break
+        sleep 0.1
+    done
+    sleep 0.3 # a second line, if any, would come now
+    new=$(tail -n +"$((before + 1))" "$SERVER_LOG")
+    [ -n "$new" ] || fail "$what: the server logged nothing"
+    [ "$(wc -l <<<"$new")" = 1 ] || fail "$what: more than one log line: $new"
+    grep -Eqi "$pattern" <<<"$new" || fail "$what: log line does not match /$pattern/: $new"
+    server_alive || fail "$what: the server died"
+    note "ok: $what: client failed ($(tail -n 1 "$TMP/client.out")); server: $new"
+}
+
+# good_client URI: a full nbdinfo over TLS works.
+good_client () {
+    nbdinfo "$1" >"$TMP/good.out" 2>&1 || fail "good client failed after bad ones: $(cat "$TMP/good.out")"
+    grep -q "with TLS" "$TMP/good.out" || fail "good client without TLS"
+    note "ok: a good client is still served"
+}
+
+# ---- PSK and X.509 without client certificates ----
+serve_tcp --tls=require --tls-certs "$TMP/good" --tls-psk "$TMP/keys.psk" "$TMP/disk.img"
+H=127.0.0.1:$PORT
+bad_client "wrong PSK" "TLS handshake failed" \
+    nbdinfo "nbds://alice@$H/?tls-psk-file=$TMP/wrong.psk"
+bad_client "unknown PSK user" "TLS handshake failed" \
+    nbdinfo "nbds://bob@$H/?tls-psk-file=$TMP/bob.psk"
+bad_client "server certificate from a CA the client does not trust" \
+    "TLS handshake failed" nbdinfo "nbds://$H/?tls-certificates=$TMP/foreign"
+bad_client "plaintext client against --tls=require" "TLS is required" \
+    nbdinfo "nbd://$H/"
+good_client "nbds://alice@$H/?tls-psk-file=$TMP/keys.psk"
+
+# Garbage from a raw client: where the handshake should be, after a
+# record header promising more than comes, and inside an established
+# session (a record that fails authentication).
+for kind in junk header record; do
+    before=$(wc -l <"$SERVER_LOG")
+    python3 - "$REPO_DIR/tests/hostile/lib" "$PORT" "$TMP/good" "$kind" <<'PY' || fail "raw TLS garbage client ($kind) failed"
+import os, socket, ssl, struct, sys
+sys.path.insert(0, sys.argv[1])
+from rawnbd import *  # noqa
+port, pki, kind = int(sys.argv[2]), sys.argv[3], sys.argv[4]
+s = socket.create_connection(("127.0.0.1", port), timeout=10)
+g = s.recv(18, socket.MSG_WAITALL)
+assert g[:8] == b"NBDMAGIC", g
+s.sendall(struct.pack(">I", 1) + opt_bytes(OPT_STARTTLS))
+r = s.recv(20, socket.MSG_WAITALL)
+assert struct.unpack(">QIII", r)[2] == REP_ACK, r
+if kind == "junk":
+    s.sendall(os.urandom(300))
+elif kind == "header":
+    s.sendall(b"\x16\x03\x01\x40\x00" + os.urandom(100))
+    s.shutdown(socket.SHUT_WR)
+else:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_verify_locations(os.path.join(pki, "ca-cert.pem"))
+    t = ctx.wrap_socket(s, server_hostname="localhost")
+    # A well-framed application-data record whose tag cannot verify.
+    os.write(t.fileno(), b"\x17\x03\x03\x00\x40" + os.urandom(64))
+    s = t
+s.settimeout(10)
+try:
+    while s.recv(4096):
+        pass
+except (OSError, ssl.SSLError):
+    pass
+print("server closed the connection")
+PY
+    for ((i = 0; i < 50; i++)); do
+        [ "$(wc -l <"$SERVER_LOG")" -gt "$before" ] && break
+        sleep 0.1
+    done
+    sleep 0.3
+    new=$(tail -n +"$((before + 1))" "$SERVER_LOG")
+    [ "$(wc -l <<<"$new")" = 1 ] && [ -n "$new" ] ||
+        fail "TLS garbage ($kind): expected one log line, got: $new"
+    server_alive || fail "server died on TLS garbage ($kind)"
+    note "ok: TLS garbage ($kind): $new"
+done
+good_client "nbds://$H/?tls-certificates=$TMP/good"
+serve_stop
+
+# ---- bad server certificates: the client refuses them ----
+serve_tcp --tls=require --tls-certs "$TMP/expired" "$TMP/disk.img"
+bad_client "expired server certificate" "TLS handshake failed" \
+    nbdinfo "nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/good"
+serve_stop
+serve_tcp --tls=require --tls-certs "$TMP/self" "$TMP/disk.img"
+bad_client "self-signed server certificate" "TLS handshake failed" \
+    nbdinfo "nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/good"
+serve_stop
+
+# ---- --tls-verify-peer: client certificates are checked ----
+serve_tcp --tls=require --tls-certs "$TMP/good" --tls-verify-peer "$TMP/disk.img"
+H=127.0.0.1:$PORT
+bad_client "no client certificate with --tls-verify-peer" \
+    "TLS handshake failed" nbdinfo "nbds://$H/?tls-certificates=$TMP/caonly"
+bad_client "client certificate from another CA" "TLS handshake failed" \
+    nbdinfo "nbds://$H/?tls-certificates=$TMP/foreigncli"
+bad_client "expired client certificate" "TLS handshake failed" \
+    nbdinfo "nbds://$H/?tls-certificates=$TMP/expiredcli"
+good_client "nbds://$H/?tls-certificates=$TMP/good"
+serve_stop
+
+# ---- start-up errors are clear ----
+for args in "--tls=require" "--tls=on" "--tls-certs $TMP/good" \
+            "--tls=require --tls-psk $TMP/nope.psk" \
+            "--tls=require --tls-certs $TMP/caonly" \
+            "--tls=require --tls-psk $TMP/disk.img" \
+            "--tls=sometimes --tls-certs $TMP/good"; do
+    # shellcheck disable=SC2086
+    if "$NBDFLOW" serve --listen 127.0.0.1:1 $args "$TMP/disk.img" >"$TMP/start.out" 2>&1; then
+        fail "serve $args started"
+    fi
+    grep -Eqi "tls|psk|pem|key" "$TMP/start.out" ||
+        fail "serve $args: unclear error: $(cat "$TMP/start.out")"
+    note "ok: serve $args refused: $(tail -n 1 "$TMP/start.out")"
+done
+echo "PASS: every bad TLS client failed, cost one log line, and the server kept serving"
