@@ -436,13 +436,16 @@ server_tick(struct loop *l, void *arg)
   pthread_mutex_lock(&s->resume_lock);
   struct conn *list = s->resume;
   s->resume = NULL;
-  for (struct conn *c = list; c; c = c->resume_next)
-    c->in_resume = false;
   pthread_mutex_unlock(&s->resume_lock);
 
   while (list) {
     struct conn *c = list;
+    /* Take the link before c may be queued again: conn_resume rewrites
+     * resume_next as soon as in_resume is false. */
+    pthread_mutex_lock(&s->resume_lock);
     list = c->resume_next;
+    c->in_resume = false;
+    pthread_mutex_unlock(&s->resume_lock);
     if (!c->dead) {
       pthread_mutex_lock(&c->lock);
       bool done = c->closing && c->inflight == 0 && c->sendq == NULL &&
