@@ -74,4 +74,16 @@ check "plain nbdcopy with --tls=on" nbdcopy "$TMP/src6.img" \
     "nbd+unix:///?socket=$sock"
 same "$TMP/src6.img" "$TMP/dst.img"
 serve_stop
+# Backpressure: one request in flight per connection, so reading stops and
+# resumes all the time while GnuTLS may hold decrypted bytes.
+serve_tcp --tls=require --tls-psk "$TMP/psk/keys.psk" --max-inflight 1 \
+    --threads 2 "$TMP/dst.img"
+PSK="nbds://alice@127.0.0.1:$PORT/?tls-psk-file=$TMP/psk/keys.psk"
+check "nbdcopy upload, --max-inflight 1" nbdcopy --request-size=65536 \
+    "$TMP/src1.img" "$PSK"
+same "$TMP/src1.img" "$TMP/dst.img"
+rm -f "$TMP/back.img"
+check "nbdcopy download, --max-inflight 1" nbdcopy "$PSK" "$TMP/back.img"
+same "$TMP/src1.img" "$TMP/back.img"
+serve_stop
 echo "PASS: nbdinfo, nbdcopy and qemu-img over TLS (X.509, PSK, TCP, Unix)"
