@@ -1,6 +1,7 @@
 /* uri.c: see uri.h. Follows the NBD URI document: scheme, optional
  * authority (userinfo@host:port), path = '/' + export name, query
- * parameters socket, tls-type, tls-hostname, tls-verify-peer and any x-*. */
+ * parameters socket, tls-type, tls-hostname, tls-verify-peer, libnbd's
+ * tls-certificates and tls-psk-file, and any x-*. */
 #include "uri.h"
 
 #include <errno.h>
@@ -164,6 +165,10 @@ uri_parse_param(const char *p, size_t len, struct nbd_uri *u, char *err,
     slot = &u->tls_type;
   else if (klen == 12 && memcmp(p, "tls-hostname", 12) == 0)
     slot = &u->tls_hostname;
+  else if (klen == 16 && memcmp(p, "tls-certificates", 16) == 0)
+    slot = &u->tls_certificates;
+  else if (klen == 12 && memcmp(p, "tls-psk-file", 12) == 0)
+    slot = &u->tls_psk_file;
   else if (klen == 15 && memcmp(p, "tls-verify-peer", 15) == 0) {
     bool ok = strcmp(val, "0") == 0 || strcmp(val, "1") == 0;
     u->tls_verify_peer = val[0] == '1';
@@ -223,6 +228,16 @@ uri_parse_parts(const char *s, struct nbd_uri *u, char *err, size_t errlen)
   if (strchr(p, '#'))
     return uri_fail(err, errlen, "fragments are not allowed: '%s'", s);
   size_t alen = strcspn(p, "/?");
+  if (u->unix_socket && alen > 0 && p[alen - 1] == '@' &&
+      memchr(p, '@', alen - 1) == NULL) {
+    /* Only a user (nbds+unix://alice@/?socket=...): the PSK identity. */
+    u->user = uri_decode(p, alen - 1, false, NULL);
+    if (u->user == NULL)
+      return uri_fail(err, errlen, "bad escape in user '%.*s'",
+                      (int)alen - 1, p);
+    p += alen;
+    alen = 0;
+  }
   if (u->unix_socket && alen > 0)
     return uri_fail(err, errlen,
                     "a Unix socket URI takes no host: '%.*s' in '%s'",
@@ -300,6 +315,8 @@ uri_free(struct nbd_uri *u)
   free(u->export_name);
   free(u->tls_type);
   free(u->tls_hostname);
+  free(u->tls_certificates);
+  free(u->tls_psk_file);
   memset(u, 0, sizeof *u);
   u->tls_verify_peer = -1;
 }

@@ -20,6 +20,8 @@ struct nbd_uri {
   char *export_name; /* path without its leading '/', decoded; may be "" */
   char *tls_type;   /* tls-type=, or NULL */
   char *tls_hostname; /* tls-hostname=, or NULL */
+  char *tls_certificates; /* tls-certificates= (libnbd's), a directory */
+  char *tls_psk_file; /* tls-psk-file= (libnbd's), a psktool file */
   int tls_verify_peer; /* -1 when absent, else 0 or 1 */
 };
 

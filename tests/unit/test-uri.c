@@ -99,10 +99,33 @@ main(void)
     if (r == 0)
       uri_free(&u);
   }
+  {
+    struct nbd_uri u;
+    char err[256];
+    int r = uri_parse("nbds://alice@h/?tls-psk-file=/k%20s.psk"
+                      "&tls-certificates=d&tls-verify-peer=0",
+                      &u, err, sizeof err);
+    check(r == 0 && u.tls && streq(u.tls_psk_file, "/k s.psk") &&
+            streq(u.tls_certificates, "d") && u.tls_verify_peer == 0,
+          "libnbd's TLS credential parameters", "nbds://alice@h/?...");
+    if (r == 0)
+      uri_free(&u);
+  }
 
   expect_fail("http://example.com/", "not an NBD scheme");
   expect_fail("nbd+unix:///disk", "unix URI without socket");
   expect_fail("nbd+unix://host/disk?socket=s", "unix URI with a host");
+  expect_fail("nbd+unix://u@host/disk?socket=s", "unix URI with a host");
+  {
+    struct nbd_uri u;
+    char err[256];
+    int r = uri_parse("nbds+unix://al%69ce@/d?socket=s", &u, err, sizeof err);
+    check(r == 0 && streq(u.user, "alice") && streq(u.socket, "s") &&
+            streq(u.export_name, "d"),
+          "unix URI with only a user", "nbds+unix://alice@/d?socket=s");
+    if (r == 0)
+      uri_free(&u);
+  }
   expect_fail("nbd://host/disk?socket=s", "socket without unix scheme");
   expect_fail("nbd://host:0/", "port zero");
   expect_fail("nbd://host:65536/", "port too large");
