@@ -199,7 +199,8 @@ info_print_nbd(const struct client_conn *c, const char *uri, bool json)
     info_json_str(uri);
     printf(",\n\t\"contexts\": [%s]", in->allocation ? " \"base:allocation\" " : "");
   } else {
-    printf("protocol: %s without TLS%s\n", in->protocol,
+    printf("protocol: %s %s TLS%s\n", in->protocol,
+           in->tls ? "with" : "without",
            in->extended ? ", using extended packets"
            : in->structured ? ", using structured packets" : "");
     for (size_t i = 0; i < in->nexports; i++)

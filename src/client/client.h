@@ -50,6 +50,7 @@ struct client_info {
   char *name;                 /* NBD_INFO_NAME, or NULL */
   char *description;          /* NBD_INFO_DESCRIPTION, or NULL */
   bool structured, extended;
+  bool tls;                   /* the session runs inside TLS */
   bool allocation;            /* base:allocation was selected */
   uint32_t allocation_id;
   char **exports;             /* NBD_OPT_LIST names when asked */
@@ -111,6 +112,8 @@ struct client_conn {
   uint32_t generation;
   struct client_req *sendq, *sendq_tail;
   size_t send_off;        /* bytes of sendq's head already sent */
+  bool flush_pending;     /* the transport holds bytes (a TLS record the
+                           * socket refused): flush on POLLOUT */
   unsigned inflight;
   uint64_t inflight_bytes;
 

@@ -13,11 +13,13 @@
 
 #include "net/loop.h"
 #include "net/sock.h"
+#include "net/tls.h"
 #include "proto/wire.h"
 
 struct hs {
   struct client_conn *c;
   const struct client_opts *o;
+  const struct nbd_uri *u;
   uint64_t deadline; /* loop_now_ms() value, 0 for none */
   bool fixed;        /* fixed newstyle on both sides */
   bool no_zeroes;
@@ -293,6 +295,53 @@ hs_oldstyle(struct hs *h)
   return 0;
 }
 
+/* nbds URIs: STARTTLS, then the TLS handshake on the same fd. Any answer
+ * but ACK ends the connection: falling back to plaintext is what a
+ * man in the middle would want (§Protocol downgrade attacks). */
+static int
+hs_starttls(struct hs *h)
+{
+  const struct nbd_uri *u = h->u;
+  struct wire_opt_reply rep;
+  char err[256];
+
+  if (u->tls_type && strcmp(u->tls_type, "x509") != 0 &&
+      strcmp(u->tls_type, "psk") != 0)
+    return hs_fail(h, -ENOTSUP, "tls-type=%s is not supported (x509 or "
+                   "psk)", u->tls_type);
+  if (u->tls_type && strcmp(u->tls_type, "psk") == 0 && !u->tls_psk_file)
+    return hs_fail(h, -EINVAL, "tls-type=psk needs tls-psk-file=FILE");
+  int r = hs_send_opt(h, NBD_OPT_STARTTLS, NULL, 0);
+  if (r < 0)
+    return r;
+  r = hs_recv_reply(h, NBD_OPT_STARTTLS, &rep);
+  if (r < 0)
+    return r;
+  if (rep.type & NBD_REP_FLAG_ERROR) {
+    hs_reply_error(h, NBD_OPT_STARTTLS, &rep);
+    size_t n = strlen(h->c->errmsg);
+    snprintf(h->c->errmsg + n, sizeof h->c->errmsg - n,
+             "; an nbds URI never continues in clear");
+    return -EACCES;
+  }
+  if (rep.type != NBD_REP_ACK)
+    return hs_fail(h, -EPROTO, "handshake: unexpected %s reply to STARTTLS",
+                   wire_rep_name(rep.type));
+  struct tls_client_config cfg = {
+    .certs_dir = u->tls_certificates,
+    .psk_file = u->tls_psk_file,
+    .username = u->user,
+    .hostname = u->tls_hostname ? u->tls_hostname
+                                : u->unix_socket ? NULL : u->host,
+    .verify_peer = u->tls_verify_peer != 0,
+  };
+  r = tls_client_start(&h->c->tp, &cfg, hs_left(h), err, sizeof err);
+  if (r < 0)
+    return hs_fail(h, r, "TLS with the server failed: %s", err);
+  h->c->info.tls = true;
+  return 0;
+}
+
 /* Everything after the greeting of a newstyle server. */
 static int
 hs_newstyle(struct hs *h)
@@ -312,12 +361,16 @@ hs_newstyle(struct hs *h)
   if (r < 0)
     return r;
   c->info.protocol = h->fixed ? "newstyle-fixed" : "newstyle";
+  if (!h->fixed && h->u->tls)
+    return hs_fail(h, -EACCES, "the server offers no TLS (newstyle without "
+                   "the fixed flag); an nbds URI never continues in clear");
   if (!h->fixed)
     return hs_export_name(h);
 
-  /* STARTTLS belongs here, before any other option: the TLS work sends
-   * NBD_OPT_STARTTLS, replaces c->tp with a TLS transport on the same fd,
-   * and everything below then runs inside TLS unchanged. */
+  /* STARTTLS first, so that no option travels in clear; everything below
+   * then runs inside TLS unchanged. */
+  if (h->u->tls && (r = hs_starttls(h)) < 0)
+    return r;
 
   if (h->o->want_list && (r = hs_list(h)) < 0)
     return r;
@@ -354,6 +407,9 @@ hs_run(struct hs *h)
     return r;
   if (wire_get64(b) != NBD_INIT_PASSWD)
     return hs_fail(h, -EPROTO, "not an NBD server (bad greeting magic)");
+  if (wire_get64(b + 8) == NBD_CLISERV_MAGIC && h->u->tls)
+    return hs_fail(h, -EACCES, "oldstyle server: it cannot do TLS, and an "
+                   "nbds URI never continues in clear");
   if (wire_get64(b + 8) == NBD_CLISERV_MAGIC)
     return hs_oldstyle(h);
   if (wire_get64(b + 8) != NBD_IHAVEOPT)
@@ -416,15 +472,10 @@ client_connect(struct client_conn *c, const struct nbd_uri *u,
 {
   memset(c, 0, sizeof *c);
   c->fd = -1;
-  if (u->tls) {
-    snprintf(c->errmsg, sizeof c->errmsg,
-             "TLS not supported yet: cannot open an nbds URI");
-    return -ENOTSUP;
-  }
   int r = client_open_socket(c, u);
   if (r < 0)
     return r;
-  struct hs h = { .c = c, .o = o };
+  struct hs h = { .c = c, .o = o, .u = u };
   if (o->timeout_ms >= 0)
     h.deadline = loop_now_ms() + (uint64_t)o->timeout_ms;
   r = hs_run(&h);
@@ -435,6 +486,7 @@ client_connect(struct client_conn *c, const struct nbd_uri *u,
   if (r < 0) {
     char msg[sizeof c->errmsg];
     memcpy(msg, c->errmsg, sizeof msg);
+    c->fatal = -r; /* transmission never began: no NBD_CMD_DISC */
     client_close(c);
     memcpy(c->errmsg, msg, sizeof msg);
     return r;

@@ -42,7 +42,7 @@ client_max_payload(const struct client_conn *c)
 bool
 client_wants_write(const struct client_conn *c)
 {
-  return c->sendq != NULL;
+  return c->sendq != NULL || c->flush_pending;
 }
 
 static void
@@ -178,6 +178,7 @@ client_send_some(struct client_conn *c)
       return 0; /* socket full: wait for EPOLLOUT */
   }
   int r = c->tp.ops->flush(&c->tp);
+  c->flush_pending = r == -EAGAIN;
   if (r < 0 && r != -EAGAIN)
     return client_die(c, -r, "connection lost while sending");
   return 0;
@@ -518,7 +519,10 @@ client_rx_got(struct client_conn *c, size_t n)
 static int
 client_recv_some(struct client_conn *c)
 {
-  for (int i = 0; i < CLIENT_RECV_BUDGET && !c->fatal; i++) {
+  /* Past the budget, still drain what TLS has decrypted: epoll cannot
+   * see it, so no event would bring us back for it. */
+  for (int i = 0; (i < CLIENT_RECV_BUDGET || c->tp.ops->pending(&c->tp) > 0) &&
+                  !c->fatal; i++) {
     uint8_t *dst;
     size_t want = client_rx_want(c, &dst);
     ssize_t n = c->tp.ops->recv(&c->tp, dst, want);
@@ -552,7 +556,7 @@ client_on_events(struct client_conn *c, uint32_t events)
     if (r < 0)
       return r;
   }
-  if ((events & POLLOUT) && c->sendq)
+  if ((events & POLLOUT) && client_wants_write(c))
     return client_send_some(c);
   return 0;
 }
@@ -568,7 +572,8 @@ client_run(struct client_conn *c, struct client_req *r, int timeout_ms)
     client_rx_reset(c);
   while (!r->completed) {
     struct pollfd p = { .fd = c->fd,
-                        .events = POLLIN | (c->sendq ? POLLOUT : 0) };
+                        .events = POLLIN |
+                                  (client_wants_write(c) ? POLLOUT : 0) };
     int ms = -1;
     if (deadline) {
       uint64_t now = loop_now_ms();

@@ -1,0 +1,189 @@
+#!/bin/bash
+# Our client over TLS (nbds://, nbds+unix://): `nbdflow copy` and `nbdflow
+# info` against our server, qemu-nbd (tls-creds objects) and nbdkit
+# (--tls=require), with X.509 and PSK, every copy verified byte for byte.
+# Then the no-downgrade rule: an nbds URI never continues in clear, whether
+# the server refuses STARTTLS, is oldstyle, or is newstyle without the
+# fixed flag; and bad credentials give a clear error.
+. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/tls-pki.inc"
+
+tmpdir_make
+pki_ca "$TMP/ca" "nbdflow test CA"
+pki_ca "$TMP/ca2" "some other CA"
+pki_dir "$TMP/ca" "$TMP/pki"
+pki_dir "$TMP/ca2" "$TMP/foreign"
+mkdir -p "$TMP/psk"
+psk_make "$TMP/psk/keys.psk" alice
+psk_make "$TMP/wrong.psk" alice
+MIB=24
+for i in 1 2 3 4 5 6 7 8; do make_random "$TMP/src$i.img" "$MIB"; done
+
+# copy_both N URI DSTFILE: uploads srcN to URI (whose export is DSTFILE),
+# downloads it back, and compares both ways.
+copy_both () {
+    local n=$1 uri=$2 dst=$3
+    check "nbdflow copy upload ($uri)" "$NBDFLOW" copy "$TMP/src$n.img" "$uri"
+    same "$TMP/src$n.img" "$dst"
+    rm -f "$TMP/back.img"
+    check "nbdflow copy download ($uri)" "$NBDFLOW" copy "$uri" "$TMP/back.img"
+    same "$TMP/src$n.img" "$TMP/back.img"
+}
+
+# ---- our server ----
+truncate -s "${MIB}M" "$TMP/dst.img"
+serve_tcp --tls=require --tls-certs "$TMP/pki" --tls-psk "$TMP/psk/keys.psk" "$TMP/dst.img"
+out=$("$NBDFLOW" info "nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/pki" 2>&1) ||
+    fail "nbdflow info over X.509: $out"
+grep -q "with TLS" <<<"$out" || fail "nbdflow info did not report TLS: $out"
+copy_both 1 "nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/pki" "$TMP/dst.img"
+copy_both 2 "nbds://localhost:$PORT/?tls-certificates=$TMP/pki" "$TMP/dst.img"
+copy_both 3 "nbds://alice@127.0.0.1:$PORT/?tls-psk-file=$TMP/psk/keys.psk" "$TMP/dst.img"
+check_fails "wrong PSK is refused" "$NBDFLOW" info \
+    "nbds://alice@127.0.0.1:$PORT/?tls-psk-file=$TMP/wrong.psk"
+check_fails "server certificate from a foreign CA is refused" "$NBDFLOW" info \
+    "nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/foreign"
+check_fails "certificate name mismatch is refused" "$NBDFLOW" info \
+    "nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/pki&tls-hostname=elsewhere.example"
+check "tls-verify-peer=0 accepts a certificate it cannot verify" "$NBDFLOW" info \
+    "nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/foreign&tls-verify-peer=0"
+server_alive || fail "server died"
+serve_stop
+
+# ---- peers ----
+if command -v qemu-nbd >/dev/null 2>&1; then
+    for kind in x509 psk; do
+        truncate -s "${MIB}M" "$TMP/q.img"
+        if [ $kind = x509 ]; then
+            obj="tls-creds-x509,id=tls0,endpoint=server,dir=$TMP/pki"
+            n=4 q="?tls-certificates=$TMP/pki" user=
+        else
+            obj="tls-creds-psk,id=tls0,endpoint=server,dir=$TMP/psk"
+            n=5 q="?tls-psk-file=$TMP/psk/keys.psk" user=alice@
+        fi
+        qport=$(free_port)
+        qemu-nbd -f raw -b 127.0.0.1 -p "$qport" --shared=8 --persistent \
+            --object "$obj" --tls-creds tls0 "$TMP/q.img" 2>"$TMP/qemu-nbd.log" &
+        qpid=$!
+        SERVER_PIDS+=("$qpid")
+        for ((i = 0; i < 100; i++)); do
+            nbdinfo --can connect "nbds://${user}127.0.0.1:$qport/$q" 2>/dev/null && break
+            sleep 0.1
+        done
+        copy_both $n "nbds://${user}127.0.0.1:$qport/$q" "$TMP/q.img"
+        kill "$qpid"; wait "$qpid" 2>/dev/null
+    done
+else
+    note "SKIPPED PART: qemu-nbd not installed (Debian package: qemu-utils)"
+fi
+if command -v nbdkit >/dev/null 2>&1; then
+    for kind in x509 psk; do
+        truncate -s "${MIB}M" "$TMP/k.img"
+        if [ $kind = x509 ]; then
+            targ="--tls-certificates=$TMP/pki"
+            n=6 q="?tls-certificates=$TMP/pki" user=
+        else
+            targ="--tls-psk=$TMP/psk/keys.psk"
+            n=7 q="?tls-psk-file=$TMP/psk/keys.psk" user=alice@
+        fi
+        kport=$(free_port)
+        nbdkit -f -i 127.0.0.1 -p "$kport" --tls=require "$targ" \
+            -P "$TMP/nbdkit.pid" file "$TMP/k.img" 2>"$TMP/nbdkit.log" &
+        kpid=$!
+        SERVER_PIDS+=("$kpid")
+        for ((i = 0; i < 100; i++)); do [ -s "$TMP/nbdkit.pid" ] && break; sleep 0.1; done
+        copy_both $n "nbds://${user}127.0.0.1:$kport/$q" "$TMP/k.img"
+        # The unix flavour of the URI, too.
+        kill "$kpid"; wait "$kpid" 2>/dev/null; rm -f "$TMP/nbdkit.pid"
+    done
+    sock=$TMP/k.sock
+    nbdkit -f -U "$sock" --tls=require --tls-psk="$TMP/psk/keys.psk" \
+        -P "$TMP/nbdkit.pid" file "$TMP/k.img" 2>"$TMP/nbdkit.log" &
+    kpid=$!
+    SERVER_PIDS+=("$kpid")
+    for ((i = 0; i < 100; i++)); do [ -s "$TMP/nbdkit.pid" ] && break; sleep 0.1; done
+    copy_both 8 "nbds+unix://alice@/?socket=$sock&tls-psk-file=$TMP/psk/keys.psk" "$TMP/k.img"
+    kill "$kpid"; wait "$kpid" 2>/dev/null; rm -f "$TMP/nbdkit.pid"
+else
+    note "SKIPPED PART: nbdkit not installed (Debian package: nbdkit)"
+fi
+
+# ---- no downgrade ----
+# A plaintext server of ours answers STARTTLS with ERR_POLICY.
+serve_tcp "$TMP/dst.img"
+if "$NBDFLOW" info "nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/pki" >"$TMP/out" 2>&1; then
+    fail "nbds against a server without TLS succeeded: $(cat "$TMP/out")"
+fi
+grep -q "never continues in clear" "$TMP/out" || fail "unclear error: $(cat "$TMP/out")"
+note "ok: STARTTLS refused -> $(cat "$TMP/out")"
+serve_stop
+
+# Fake servers that record everything the client sends after its flags:
+# nothing but STARTTLS may ever arrive in clear.
+for fake in refuse unsup oldstyle unfixed; do
+    fport=$(free_port)
+    python3 - "$fport" "$fake" "$TMP/fake.$fake" <<'PY' &
+import socket, struct, sys
+port, kind, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", port))
+ls.listen(1)
+open(out + ".ready", "w").close()
+ls.settimeout(30)
+s, _ = ls.accept()
+s.settimeout(10)
+got = b""
+try:
+    if kind == "oldstyle":
+        s.sendall(b"NBDMAGIC" + struct.pack(">QQI", 0x00420281861253,
+                                            1 << 20, 1) + bytes(124))
+    else:
+        flags = 0 if kind == "unfixed" else 1
+        s.sendall(b"NBDMAGIC" + b"IHAVEOPT" + struct.pack(">H", flags))
+        got += s.recv(4, socket.MSG_WAITALL)
+        if kind in ("refuse", "unsup"):
+            hdr = s.recv(16, socket.MSG_WAITALL)
+            got += hdr
+            _, opt, ln = struct.unpack(">QII", hdr)
+            err = (1 << 31) | (2 if kind == "refuse" else 1)
+            s.sendall(struct.pack(">QIII", 0x3e889045565a9, opt, err, 0))
+    while True:
+        b = s.recv(4096)
+        if not b:
+            break
+        got += b
+except OSError:
+    pass
+open(out, "wb").write(got)
+PY
+    fpid=$!
+    for ((i = 0; i < 100; i++)); do [ -e "$TMP/fake.$fake.ready" ] && break; sleep 0.1; done
+    if timeout 30 "$NBDFLOW" info "nbds://127.0.0.1:$fport/?tls-certificates=$TMP/pki" >"$TMP/out" 2>&1; then
+        fail "nbds URI continued with a '$fake' server: $(cat "$TMP/out")"
+    fi
+    wait "$fpid"
+    python3 - "$TMP/fake.$fake" "$fake" <<'PY' || fail "client sent options in clear to the '$fake' server"
+import struct, sys
+got = open(sys.argv[1], "rb").read()
+kind = sys.argv[2]
+if kind == "oldstyle":
+    ok = len(got) == 0
+else:
+    rest = got[4:]
+    # At most the STARTTLS option (opt 5, no data); then nothing but
+    # NBD_OPT_ABORT, which carries no secrets.
+    ok = True
+    while rest:
+        if len(rest) < 16:
+            ok = False; break
+        _, opt, ln = struct.unpack(">QII", rest[:16])
+        if opt not in (5, 2) or ln:
+            ok = False; break
+        rest = rest[16:]
+print("client sent %d bytes after the greeting" % len(got))
+sys.exit(0 if ok else 1)
+PY
+    note "ok: no downgrade with a '$fake' server: $(tail -n 1 "$TMP/out")"
+done
+echo "PASS: our client over TLS with our server, qemu-nbd and nbdkit; no downgrade"
