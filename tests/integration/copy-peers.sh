@@ -40,7 +40,7 @@ wait_for test -S "$TMP/q.sock"
 roundtrip qemu-nbd-unix "nbd+unix:///?socket=$TMP/q.sock"
 qport=$(free_port)
 truncate -s "$size" "$TMP/q2.img"
-bg qemu-nbd -f raw -t -b 127.0.0.1 -p "$qport" "$TMP/q2.img"
+bg qemu-nbd -f raw -t -e 4 -b 127.0.0.1 -p "$qport" "$TMP/q2.img"
 wait_for port_open "$qport"
 roundtrip qemu-nbd-tcp "nbd://127.0.0.1:$qport/"
 
