@@ -1,0 +1,86 @@
+#!/bin/bash
+# copy-faults.sh: a failed request must stop the copy with one clear line
+# (endpoint, offset, length, errno) and a non-zero exit, never success.
+# nbdkit's error filter (EIO, ENOSPC), the full plugin, a delay filter
+# (slow but correct), and a server killed in the middle of a copy.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+need nbdkit
+tmpdir_make
+
+wait_for () {
+    local i
+    for i in $(seq 100); do "$@" 2>/dev/null && return 0; sleep 0.1; done
+    fail "peer server did not come up: $*"
+}
+kit () {  # SOCK ARGS...: nbdkit on a Unix socket, ready when it returns
+    local sock=$1; shift
+    nbdkit -f -U "$sock" "$@" >>"$TMP/kit.log" 2>&1 &
+    SERVER_PIDS+=($!)
+    KIT_PID=$!
+    wait_for test -S "$sock"
+}
+uri () { echo "nbd+unix:///?socket=$1"; }
+
+make_random "$TMP/src.img" 16
+
+# expect_failure NAME ERRNO-TEXT CMD...: non-zero exit, exactly one error
+# line, naming the errno text and an offset and a length.
+expect_failure () {
+    local name=$1 text=$2; shift 2
+    local rc=0
+    "$@" >"$TMP/out" 2>"$TMP/err" || rc=$?
+    [ "$rc" -ne 0 ] || fail "$name: exited 0"
+    [ "$(grep -c 'error' "$TMP/err")" -eq 1 ] ||
+        fail "$name: expected one error line, got: $(cat "$TMP/err")"
+    grep -q "offset [0-9]* length [0-9]*: .*$text" "$TMP/err" ||
+        fail "$name: message lacks offset/length/'$text': $(cat "$TMP/err")"
+    [ ! -s "$TMP/out" ] || fail "$name: printed a report on failure"
+    note "ok: $name: $(cat "$TMP/err")"
+}
+
+kit "$TMP/eio.sock" --filter=error memory 16M error=EIO error-pwrite-rate=100%
+expect_failure "EIO on write" "Input/output error" \
+    "$NBDFLOW" copy --json "$TMP/src.img" "$(uri "$TMP/eio.sock")"
+
+kit "$TMP/enospc.sock" --filter=error memory 16M error=ENOSPC \
+    error-pwrite-rate=20%
+expect_failure "ENOSPC on some writes" "No space left on device" \
+    "$NBDFLOW" copy --json --request-size 256K "$TMP/src.img" \
+    "$(uri "$TMP/enospc.sock")"
+
+kit "$TMP/rd.sock" --filter=error pattern 16M error=EIO error-pread-rate=30%
+expect_failure "EIO on read" "Input/output error" \
+    "$NBDFLOW" copy --json --request-size 128K "$(uri "$TMP/rd.sock")" \
+    "$TMP/dst.img"
+
+kit "$TMP/full.sock" full 16M
+expect_failure "full device" "No space left on device" \
+    "$NBDFLOW" copy --json "$TMP/src.img" "$(uri "$TMP/full.sock")"
+
+# A delay filter slows every request; the copy must still be exact.
+kit "$TMP/slow.sock" --filter=delay memory 16M wdelay=20ms rdelay=5ms
+check "copy through the delay filter" \
+    "$NBDFLOW" copy --request-size 1M "$TMP/src.img" "$(uri "$TMP/slow.sock")"
+rm -f "$TMP/back.img"
+check "read back through the delay filter" \
+    "$NBDFLOW" copy "$(uri "$TMP/slow.sock")" "$TMP/back.img"
+same "$TMP/src.img" "$TMP/back.img"
+
+# Kill the server in the middle of a slow copy.
+kit "$TMP/kill.sock" --filter=delay memory 16M wdelay=100ms
+"$NBDFLOW" copy --request-size 256K --inflight 1M --json "$TMP/src.img" \
+    "$(uri "$TMP/kill.sock")" >"$TMP/out" 2>"$TMP/err" &
+copy_pid=$!
+sleep 1
+kill -KILL "$KIT_PID"
+rc=0
+wait "$copy_pid" || rc=$?
+[ "$rc" -ne 0 ] || fail "copy survived its server being killed"
+[ "$(grep -c error "$TMP/err")" -eq 1 ] ||
+    fail "server killed: expected one error line: $(cat "$TMP/err")"
+grep -q "offset [0-9]* length [0-9]*" "$TMP/err" ||
+    fail "server killed: message lacks offset/length: $(cat "$TMP/err")"
+[ ! -s "$TMP/out" ] || fail "server killed: a report was printed"
+note "ok: server killed: $(cat "$TMP/err")"
+echo "PASS"
