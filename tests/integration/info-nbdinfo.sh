@@ -1,0 +1,52 @@
+#!/bin/bash
+# info-nbdinfo.sh: "nbdflow info --json" agrees with "nbdinfo --json" on
+# size and flags for nbdkit and qemu-nbd, and --map matches the holes.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+need nbdkit
+need nbdinfo libnbd-bin
+need qemu-nbd qemu-utils
+tmpdir_make
+wait_for () {
+    local i
+    for i in $(seq 100); do "$@" 2>/dev/null && return 0; sleep 0.1; done
+    fail "peer server did not come up: $*"
+}
+nbdkit -f -U "$TMP/k.sock" memory 5M >>"$TMP/s.log" 2>&1 &
+SERVER_PIDS+=($!)
+make_sparse "$TMP/q.img" 8 "2:1"
+qemu-nbd -f raw -t -r -k "$TMP/q.sock" "$TMP/q.img" >>"$TMP/s.log" 2>&1 &
+SERVER_PIDS+=($!)
+wait_for test -S "$TMP/k.sock"
+wait_for test -S "$TMP/q.sock"
+
+for s in k q; do
+    uri="nbd+unix:///?socket=$TMP/$s.sock"
+    "$NBDFLOW" info --json "$uri" >"$TMP/ours.json" || fail "info failed"
+    nbdinfo --json "$uri" >"$TMP/theirs.json" || fail "nbdinfo failed"
+    python3 - "$TMP/ours.json" "$TMP/theirs.json" <<'PY' || fail "$s: disagree"
+import json, sys
+a = json.load(open(sys.argv[1]))["exports"][0]
+b = json.load(open(sys.argv[2]))["exports"][0]
+keys = ["export-size"] + [k for k in b if k.startswith(("is_", "can_"))]
+bad = [(k, a.get(k), b[k]) for k in keys if a.get(k) != b[k]]
+assert not bad, bad
+assert len(keys) > 8
+PY
+    note "ok: $s: size and flags agree with nbdinfo"
+done
+"$NBDFLOW" info --map "nbd+unix:///?socket=$TMP/q.sock" >"$TMP/map"
+grep -Eq '^ *2097152 +1048576 +0 +data$' "$TMP/map" ||
+    fail "map lacks the data extent: $(cat "$TMP/map")"
+grep -Eq '^ *3145728 +5242880 +3 +hole,zero$' "$TMP/map" ||
+    fail "map lacks the trailing hole: $(cat "$TMP/map")"
+"$NBDFLOW" info --map "$TMP/q.img" | diff - "$TMP/map" >&2 ||
+    fail "file map differs from the NBD map"
+"$NBDFLOW" info --map --json "$TMP/q.img" | python3 -c '
+import json, sys; m = json.load(sys.stdin)
+assert sum(e["length"] for e in m) == 8 << 20' || fail "JSON map wrong"
+if "$NBDFLOW" info "nbds://127.0.0.1:1/" 2>"$TMP/err"; then
+    fail "an nbds URI was accepted"
+fi
+grep -q "TLS not supported yet" "$TMP/err" || fail "nbds refusal unclear"
+echo "PASS"
