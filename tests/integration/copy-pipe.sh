@@ -1,0 +1,37 @@
+#!/bin/bash
+# copy-pipe.sh: '-' copies sequentially from stdin and to stdout, null:
+# discards, and generated sources are reproducible.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+need nbdkit
+tmpdir_make
+wait_for () {
+    local i
+    for i in $(seq 100); do "$@" 2>/dev/null && return 0; sleep 0.1; done
+    fail "peer server did not come up: $*"
+}
+make_sparse "$TMP/src.img" 20 "0:3 10:1 19:1"
+nbdkit -f -U "$TMP/m.sock" memory 20M >>"$TMP/kit.log" 2>&1 &
+SERVER_PIDS+=($!)
+wait_for test -S "$TMP/m.sock"
+uri="nbd+unix:///?socket=$TMP/m.sock"
+
+check "stdin -> nbd" "$NBDFLOW" copy --request-size 1M - "$uri" <"$TMP/src.img"
+"$NBDFLOW" copy "$uri" - >"$TMP/out.img" || fail "nbd -> stdout failed"
+same "$TMP/src.img" "$TMP/out.img"
+cat "$TMP/src.img" | "$NBDFLOW" copy - "$TMP/file.img" ||
+    fail "stdin -> file failed"
+same "$TMP/src.img" "$TMP/file.img"
+"$NBDFLOW" copy --json "$uri" null: >"$TMP/r.json" || fail "-> null: failed"
+grep -q '"bytes_total": 20971520' "$TMP/r.json" || fail "null: report wrong"
+
+check "random source -> nbd" "$NBDFLOW" copy random:20M:7 "$uri"
+[ "$("$NBDFLOW" sum "$uri")" != "" ] || fail "sum failed"
+[ "$("$NBDFLOW" sum random:20M:7 | cut -d' ' -f1)" = \
+  "$("$NBDFLOW" sum "$uri" | cut -d' ' -f1)" ] ||
+    fail "random generator copy differs"
+"$NBDFLOW" copy pattern:1M - >"$TMP/pat" || fail "pattern -> stdout failed"
+od -An -tx1 -j 8 -N 8 "$TMP/pat" | tr -d ' \n' | grep -qx 0000000000000008 ||
+    fail "pattern word 1 is not its offset"
+note "ok: pipes, null: and generators"
+echo "PASS"
