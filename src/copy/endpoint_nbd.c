@@ -9,6 +9,8 @@
 #include <string.h>
 
 #include "net/loop.h"
+#include "net/sock.h"
+#include "net/tcpinfo.h"
 #include "proto/nbd.h"
 #include "util/log.h"
 #include "util/uri.h"
@@ -20,6 +22,8 @@ struct nbd_slot {
   struct endpoint *e;
   bool registered;
   bool want_out; /* EPOLLOUT currently requested */
+  bool tcp;
+  struct tcpinfo_stats ti; /* sampled on the loop thread */
 };
 
 struct nbd_priv {
@@ -243,10 +247,43 @@ nbd_close(struct endpoint *e)
   free(p);
 }
 
+/* Samples TCP_INFO on every TCP connection; returns the smallest
+ * min_rtt the kernel measured, 0 when none (Unix sockets). */
+static uint32_t
+nbd_sample_rtt(struct endpoint *e)
+{
+  struct nbd_priv *p = e->priv;
+  uint32_t best = 0;
+  for (unsigned i = 0; i < p->n; i++) {
+    struct nbd_slot *s = &p->slots[i];
+    if (!s->tcp || s->c.fatal || tcpinfo_sample(&s->ti, s->c.fd) < 0)
+      continue;
+    if (s->ti.min_rtt_us && (best == 0 || s->ti.min_rtt_us < best))
+      best = s->ti.min_rtt_us;
+  }
+  return best;
+}
+
+static int
+nbd_tcp_json(struct endpoint *e, char *buf, size_t len)
+{
+  struct nbd_priv *p = e->priv;
+  struct nbd_slot *s = &p->slots[0];
+  if (!s->tcp)
+    return -1;
+  if (!s->c.fatal)
+    tcpinfo_sample(&s->ti, s->c.fd);
+  if (s->ti.samples == 0)
+    return -1;
+  return tcpinfo_format_json(&s->ti, buf, len) < 0 ? -1 : 0;
+}
+
 static const struct endpoint_ops nbd_ops = {
   .kind = "nbd",
   .submit = nbd_submit,
   .close = nbd_close,
+  .sample_rtt = nbd_sample_rtt,
+  .tcp_json = nbd_tcp_json,
 };
 
 static int
@@ -291,6 +328,10 @@ nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
       return lr;
     }
     s->registered = true;
+    s->tcp = sock_is_tcp(s->c.fd);
+    tcpinfo_init(&s->ti);
+    if (s->tcp)
+      tcpinfo_sample(&s->ti, s->c.fd); /* baseline for the counters */
   }
   return 0;
 }
