@@ -207,7 +207,8 @@ run_read(struct req *q)
     read_structured(q);
     return;
   }
-  int r = e->ops->pread(e, q->buf, q->r.length, q->r.offset);
+  int r = q->r.length ? e->ops->pread(e, q->buf, q->r.length, q->r.offset)
+                       : 0;
   if (r < 0) {
     log_warn("export \"%s\": READ offset %llu length %llu: %s", e->name,
              (unsigned long long)q->r.offset,
