@@ -1,6 +1,7 @@
 #!/bin/bash
 # info-nbdinfo.sh: "nbdflow info --json" agrees with "nbdinfo --json" on
-# size and flags for nbdkit and qemu-nbd, and --map matches the holes.
+# size and flags for nbdkit and qemu-nbd, and --map matches the holes
+# (over NBD and for the same file read locally).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need nbdkit
@@ -45,8 +46,4 @@ grep -Eq '^ *3145728 +5242880 +3 +hole,zero$' "$TMP/map" ||
 "$NBDFLOW" info --map --json "$TMP/q.img" | python3 -c '
 import json, sys; m = json.load(sys.stdin)
 assert sum(e["length"] for e in m) == 8 << 20' || fail "JSON map wrong"
-if "$NBDFLOW" info "nbds://127.0.0.1:1/" 2>"$TMP/err"; then
-    fail "an nbds URI was accepted"
-fi
-grep -q "TLS not supported yet" "$TMP/err" || fail "nbds refusal unclear"
 echo "PASS"
