@@ -38,6 +38,8 @@ copy_usage(FILE *f)
     "  --allocated            write every byte, zeroes included\n"
     "  --destination-is-zero  skip zero ranges: DST already reads as zeroes\n"
     "  --no-flush             do not flush DST at the end\n"
+    "  --no-zero-copy         read data into buffers even where the kernel\n"
+    "                         could send it from the file (sendfile)\n"
     "  --verify               hash SRC while copying, read DST back, compare\n"
     "  --progress[=json]      progress bar on a terminal, or JSON lines\n"
     "  --json                 final report as JSON on stdout\n",
@@ -64,6 +66,7 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     { "allocated", no_argument, NULL, 'a' },
     { "destination-is-zero", no_argument, NULL, 'z' },
     { "no-flush", no_argument, NULL, 'F' },
+    { "no-zero-copy", no_argument, NULL, 'Z' },
     { "verify", no_argument, NULL, 'V' },
     { "progress", optional_argument, NULL, 'p' },
     { "json", no_argument, NULL, 'j' },
@@ -102,6 +105,9 @@ copy_parse(int argc, char **argv, struct copy_args *a)
       break;
     case 'F':
       a->o.no_flush = true;
+      break;
+    case 'Z':
+      a->o.no_zero_copy = true;
       break;
     case 'V':
       a->verify = true;
@@ -186,7 +192,7 @@ copy_report_json(const struct copy_args *a, const struct copy_stats *st,
          "\"connections\": {\"source\": %u, \"destination\": %u}, "
          "\"request_size\": %llu, \"window_bytes\": %llu, "
          "\"peak_inflight_bytes\": %llu, \"peak_depth\": %u, "
-         "\"verified\": %s%s%s}\n",
+         "\"data_path\": \"%s\", \"verified\": %s%s%s}\n",
          a->src, a->dst, (unsigned long long)st->total,
          (unsigned long long)st->copied, (unsigned long long)st->zeroed,
          (unsigned long long)st->skipped, st->seconds, mibs,
@@ -194,7 +200,7 @@ copy_report_json(const struct copy_args *a, const struct copy_stats *st,
          st->dst_connections, (unsigned long long)st->request_size,
          (unsigned long long)st->window,
          (unsigned long long)st->peak_inflight, st->peak_depth,
-         verified ? "true" : "false", st->tcp_json[0] ? ", \"tcp\": " : "",
+         st->data_path ? st->data_path : "buffer", verified ? "true" : "false", st->tcp_json[0] ? ", \"tcp\": " : "",
          st->tcp_json);
 }
 

@@ -14,6 +14,14 @@
  * connection writes reply data straight into it; for WRITE it sends from
  * it. The caller must neither touch nor free it in between.
  *
+ * A WRITE may instead name a file range (file_fd, file_off) on a plain
+ * transport (client_can_send_file): the payload then goes from the page
+ * cache to the socket with sendfile(2), never through user space. The
+ * range is borrowed the same way: the file must stay open and that range
+ * unmodified until done, because on TCP the kernel queues references to
+ * the file's pages, not copies. A file that turns out shorter than the
+ * range kills the connection (the header already promised the bytes).
+ *
  * Lengths from the server are never trusted: every chunk is checked
  * against the request it answers before a byte of its payload is read. */
 #ifndef NBDFLOW_CLIENT_CLIENT_H
@@ -77,6 +85,9 @@ struct client_req {
   uint64_t offset;
   uint64_t length;
   void *buf;              /* READ/WRITE data, borrowed until done */
+  bool from_file;         /* WRITE: payload is file_fd at file_off, not buf */
+  int file_fd;            /* borrowed until done, never closed here */
+  uint64_t file_off;
   struct client_extent *extents; /* BLOCK_STATUS: room for max_extents */
   size_t max_extents;
   client_done_fn done;
@@ -149,6 +160,11 @@ bool client_wants_write(const struct client_conn *c);
 /* Blocking helper for simple tools: submits r and runs the connection
  * until r completes. Returns r's error (0 or -errno). */
 int client_run(struct client_conn *c, struct client_req *r, int timeout_ms);
+
+/* True when WRITE payloads may come from a file range (from_file): the
+ * connection runs on the plain transport, where sendfile(2) can reach the
+ * socket. False under TLS, which must encrypt in user space. */
+bool client_can_send_file(const struct client_conn *c);
 
 /* The largest READ/WRITE payload this export accepts. */
 uint64_t client_max_payload(const struct client_conn *c);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sendfile.h>
 #include <unistd.h>
 
 #include "net/loop.h"
@@ -37,6 +38,12 @@ uint64_t
 client_max_payload(const struct client_conn *c)
 {
   return c->info.max_block;
+}
+
+bool
+client_can_send_file(const struct client_conn *c)
+{
+  return c->tp.ops == &transport_plain_ops;
 }
 
 bool
@@ -119,6 +126,9 @@ client_validate(const struct client_conn *c, const struct client_req *r)
   case NBD_CMD_WRITE:
     if (tf & NBD_FLAG_READ_ONLY)
       return -EPERM;
+    if (r->from_file)
+      return r->length <= in->max_block && r->file_fd >= 0 &&
+                 client_can_send_file(c) ? 0 : -EINVAL;
     return r->length <= in->max_block && r->buf ? 0 : -EINVAL;
   case NBD_CMD_WRITE_ZEROES:
     if (tf & NBD_FLAG_READ_ONLY)
@@ -135,18 +145,74 @@ client_validate(const struct client_conn *c, const struct client_req *r)
   }
 }
 
+/* Bytes a request occupies on the wire: header, then any payload. */
+static size_t
+client_wire_len(const struct client_req *r)
+{
+  return r->hdr_len + (r->type == NBD_CMD_WRITE ? (size_t)r->length : 0);
+}
+
+/* The queue's head is a file-backed WRITE whose header is out: sends its
+ * payload with sendfile(2) from the page cache. Returns 1 when the whole
+ * payload went, 0 when the socket is full, -errno when the connection
+ * died. */
+static int
+client_send_file(struct client_conn *c)
+{
+  struct client_req *r = c->sendq;
+  size_t done = c->send_off - r->hdr_len;
+  while (done < r->length) {
+    off_t off = (off_t)(r->file_off + done);
+    ssize_t w = sendfile(c->fd, r->file_fd, &off, (size_t)r->length - done);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      break;
+    if (w < 0)
+      return client_die(c, errno, "sending a write payload from the file "
+                                  "failed");
+    if (w == 0)
+      /* The header promised bytes the file no longer has: the stream
+       * cannot continue. */
+      return client_die(c, EIO, "source file ended inside a write");
+    done += (size_t)w;
+  }
+  c->send_off = r->hdr_len + done;
+  return done == r->length ? 1 : 0;
+}
+
 /* Sends as much of the queue as the socket takes, many requests per
- * sendmsg: each WRITE header travels in the same call as its payload. */
+ * sendmsg: each WRITE header travels in the same call as its payload. A
+ * file-backed WRITE ends its batch: its header goes with MSG_MORE so the
+ * kernel joins it to the payload that sendfile appends. */
 static int
 client_send_some(struct client_conn *c)
 {
   while (c->sendq) {
+    struct client_req *h = c->sendq;
+    if (h->from_file && c->send_off >= h->hdr_len) {
+      int r = client_send_file(c);
+      if (r <= 0)
+        return r;
+      c->sendq = h->next;
+      h->next = NULL;
+      h->sent = true; /* from now on a reply may complete it */
+      c->send_off = 0;
+      if (c->sendq == NULL)
+        c->sendq_tail = NULL;
+      continue;
+    }
     struct iovec iov[64];
     int n = 0;
     size_t total = 0;
+    int more = 0;
     for (struct client_req *r = c->sendq; r && n < 62; r = r->next) {
       iov[n++] = (struct iovec){ r->hdr, r->hdr_len };
       total += r->hdr_len;
+      if (r->type == NBD_CMD_WRITE && r->from_file) {
+        more = TRANSPORT_SEND_MORE;
+        break;
+      }
       if (r->type == NBD_CMD_WRITE) {
         iov[n++] = (struct iovec){ r->buf, (size_t)r->length };
         total += r->length;
@@ -155,7 +221,7 @@ client_send_some(struct client_conn *c)
     struct iovec *p = iov;
     size_t want = total - c->send_off;
     int cnt = transport_iov_advance(&p, n, c->send_off);
-    ssize_t w = c->tp.ops->sendv(&c->tp, p, cnt, 0);
+    ssize_t w = c->tp.ops->sendv(&c->tp, p, cnt, more);
     if (w == -EAGAIN)
       return 0;
     if (w < 0)
@@ -163,7 +229,9 @@ client_send_some(struct client_conn *c)
     size_t done = c->send_off + (size_t)w;
     while (c->sendq) {
       struct client_req *r = c->sendq;
-      size_t len = r->hdr_len + (r->type == NBD_CMD_WRITE ? r->length : 0);
+      if (r->from_file && done >= r->hdr_len)
+        break; /* header out; the payload follows by sendfile */
+      size_t len = client_wire_len(r);
       if (done < len)
         break;
       done -= len;

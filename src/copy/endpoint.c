@@ -353,6 +353,7 @@ ep_alloc(struct ep_env *env, const char *spec, const struct endpoint_ops *ops)
   e->align = 1;
   e->max_request = 32u << 20;
   e->connections = 1;
+  e->file_fd = -1;
   e->size_known = true;
   return e;
 }
@@ -420,6 +421,8 @@ file_open(struct ep_env *env, const char *spec, const struct endpoint_opts *o,
     e->size_known = false;
   }
   e->has_extents = S_ISREG(st.st_mode);
+  if (!o->write)
+    e->file_fd = p->fd; /* regular file or device: sendfile can read it */
   *out = e;
   return 0;
 fail:

@@ -10,7 +10,10 @@
  * run before submit returns, so callers must not rely on ordering.
  *
  * Buffer ownership: op->buf belongs to whoever owns the op (the copy
- * engine); the endpoint borrows it from submit until done. */
+ * engine); the endpoint borrows it from submit until done. A WRITE to an
+ * endpoint with can_send_file may carry a file range instead of a buffer
+ * (from_file): the source file's fd and offset, borrowed the same way
+ * until done; the payload then never enters user space. */
 #ifndef NBDFLOW_COPY_ENDPOINT_H
 #define NBDFLOW_COPY_ENDPOINT_H
 
@@ -48,6 +51,9 @@ struct ep_op {
   uint64_t offset;
   uint64_t length;  /* READ from a pipe: shrinks to what was read at EOF */
   uint8_t *buf;     /* READ/WRITE; borrowed until done */
+  bool from_file;   /* WRITE: payload is file_fd at file_off, buf unused */
+  int file_fd;
+  uint64_t file_off;
   struct endpoint_extent *extents; /* EXTENTS: room for max_extents */
   size_t max_extents;
   ep_done_fn done;
@@ -108,6 +114,10 @@ struct endpoint {
   uint64_t max_request; /* largest READ or WRITE */
   unsigned connections;
   bool multi_conn;    /* server allows several connections */
+  bool can_send_file; /* WRITE accepts from_file (plain NBD transport) */
+  int file_fd;        /* readable regular file or block device whose
+                         ranges may feed from_file writes, else -1;
+                         owned by the endpoint */
   void *priv;
 };
 

@@ -220,6 +220,7 @@ endpoint_open_gen(struct ep_env *env, const char *spec, struct endpoint **out,
     snprintf(err, errlen, "out of memory");
     return -ENOMEM;
   }
+  e->file_fd = -1;
   p->kind = kinds[k].kind;
   if (p->kind == GEN_RANDOM)
     p->seed = v[1];

@@ -206,6 +206,9 @@ nbd_submit(struct endpoint *e, struct ep_op *op)
     break;
   case EP_WRITE:
     r->type = NBD_CMD_WRITE;
+    r->from_file = op->from_file;
+    r->file_fd = op->file_fd;
+    r->file_off = op->file_off;
     break;
   case EP_ZERO:
     r->type = NBD_CMD_WRITE_ZEROES;
@@ -351,6 +354,7 @@ endpoint_open_nbd(struct ep_env *env, const char *spec,
   }
   e->ops = &nbd_ops;
   e->env = env;
+  e->file_fd = -1;
   e->name = spec;
   e->priv = p;
   int r = uri_parse(spec, &p->uri, err, errlen);
@@ -396,6 +400,10 @@ endpoint_open_nbd(struct ep_env *env, const char *spec,
   e->max_request = in->max_block < (32u << 20) ? in->max_block : 32u << 20;
   e->connections = p->n;
   e->multi_conn = in->tflags & NBD_FLAG_CAN_MULTI_CONN;
+  e->can_send_file = true;
+  for (unsigned i = 0; i < p->n; i++)
+    if (!client_can_send_file(&p->slots[i].c))
+      e->can_send_file = false;
   *out = e;
   return 0;
 fail:

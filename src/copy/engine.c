@@ -26,6 +26,9 @@ struct cop {
   bool zero;          /* carries no data worth writing */
   bool hashed;
   bool in_order;      /* linked in the ordering gate's list */
+  bool data;          /* a data piece: charged to the window */
+  bool from_file;     /* data sent straight from the source file's range,
+                         which this piece borrows until release; no buf */
   uint8_t *buf;       /* from the pool; owned by this piece until release */
   uint64_t charge;    /* bytes counted against the window */
   uint64_t t0_us;
@@ -44,6 +47,8 @@ struct engine {
   uint64_t window;
   bool adaptive;
   bool ordered;         /* pieces pass the gate in offset order */
+  bool send_file;       /* data pieces skip the read: the destination
+                           sends them from the source file (sendfile) */
 
   /* Planner. */
   uint64_t pos;
@@ -175,8 +180,9 @@ static void
 eng_cop_release(struct engine *e, struct cop *c)
 {
   eng_gate_unlink(e, c);
-  if (c->buf) {
-    eng_buf_put(e, c->buf);
+  if (c->data) {
+    if (c->buf)
+      eng_buf_put(e, c->buf);
     c->buf = NULL;
     e->inflight -= c->charge;
     e->data_active--;
@@ -291,7 +297,12 @@ eng_write(struct engine *e, struct cop *c)
   struct ep_op *w = &c->wop;
   *w = (struct ep_op){ .offset = c->offset, .length = c->length,
                        .done = eng_op_done, .arg = c };
-  if (!c->zero || e->o->allocated || !e->dst->can_zero) {
+  if (c->from_file) {
+    w->type = EP_WRITE;
+    w->from_file = true;
+    w->file_fd = e->src->file_fd;
+    w->file_off = c->offset;
+  } else if (!c->zero || e->o->allocated || !e->dst->can_zero) {
     w->type = EP_WRITE;
     w->buf = c->buf ? c->buf : e->zero_buf;
   } else {
@@ -571,10 +582,11 @@ eng_issue_one(struct engine *e)
   }
   if (e->inflight > 0 && e->inflight + len > e->window)
     return false;
-  uint8_t *buf = eng_buf_take(e);
-  if (buf == NULL)
+  uint8_t *buf = NULL;
+  if (!e->send_file && (buf = eng_buf_take(e)) == NULL)
     return false;
   struct cop *c = eng_cop_take(e, len, false);
+  c->data = true;
   c->buf = buf; /* the piece owns it now */
   c->charge = len;
   e->inflight += len;
@@ -584,6 +596,13 @@ eng_issue_one(struct engine *e)
   if (e->data_active > e->st->peak_depth)
     e->st->peak_depth = e->data_active;
   eng_consume(e, len);
+  if (e->send_file) {
+    /* Nothing to read: the write carries the file range itself, and the
+     * piece holds its window charge until the write is acknowledged. */
+    c->from_file = true;
+    eng_ready(e, c);
+    return true;
+  }
   c->state = COP_READING;
   c->rop = (struct ep_op){ .type = EP_READ, .offset = c->offset,
                            .length = len, .buf = buf, .done = eng_op_done,
@@ -778,6 +797,11 @@ eng_setup(struct engine *e)
   if (zero_writes && (e->zero_buf = calloc(1, (size_t)e->rsize)) == NULL)
     return -ENOMEM;
   e->ordered = o->hash || o->chunks || (e->dst && e->dst->sequential);
+  /* Zero copy needs no bytes in user space: nothing to hash, no pipe to
+   * feed in order. Zero detection then only sees holes. */
+  e->send_file = e->dst && !o->no_zero_copy && !e->ordered &&
+                 e->dst->can_send_file && e->src->file_fd >= 0 &&
+                 !e->src->sequential;
   if (o->chunks) {
     e->chunk_state = XXH3_createState();
     if (e->chunk_state == NULL)
@@ -851,6 +875,7 @@ copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
   }
   st->total = e->size == UINT64_MAX ? 0 : e->size;
   st->request_size = e->rsize;
+  st->data_path = e->send_file ? "sendfile" : "buffer";
   st->src_connections = src->connections;
   st->dst_connections = dst ? dst->connections : 0;
   e->t_start_us = e->t_last_print_us = e->t_last_adapt_us = eng_now_us();

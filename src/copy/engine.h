@@ -48,6 +48,9 @@ struct copy_opts {
   bool dst_is_zero;      /* destination already reads as zeroes */
   bool no_flush;
   bool no_zero_detect;
+  bool no_zero_copy;     /* always read into buffers (zero detection on
+                            all data); else file -> plain NBD uses
+                            sendfile */
   enum copy_progress progress;
   const char *label;     /* progress label, e.g. "copy" or "verify" */
   struct hash_ctx *hash; /* whole-stream digest of the source, or NULL */
@@ -67,6 +70,7 @@ struct copy_stats {
   uint64_t peak_inflight; /* most bytes in flight at once */
   unsigned peak_depth;    /* most data requests in flight at once */
   unsigned src_connections, dst_connections;
+  const char *data_path;  /* "buffer" or "sendfile" */
   char tcp_json[1024];    /* TCP diagnostics of the NBD side, or "" */
 };
 
