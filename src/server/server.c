@@ -354,7 +354,6 @@ conn_on_event(struct loop *l, int fd, uint32_t events, void *arg)
 static void
 conn_setup_socket(struct server *s, struct conn *c)
 {
-  static bool warned;
   c->is_tcp = sock_is_tcp(c->fd);
   if (c->is_tcp) {
     sock_set_nodelay(c->fd, true);
@@ -365,8 +364,8 @@ conn_setup_socket(struct server *s, struct conn *c)
    * reply at a fraction of its speed. */
   int eff = 0;
   if (sock_set_sndbuf(c->fd, SERVER_UNIX_SNDBUF, &eff) == 0 &&
-      eff * 2 < SERVER_UNIX_SNDBUF && !warned) {
-    warned = true;
+      eff * 2 < SERVER_UNIX_SNDBUF && !s->warned_sndbuf) {
+    s->warned_sndbuf = true;
     log_warn("unix socket send buffer clipped to %d bytes (asked %d); "
              "raise net.core.wmem_max", eff * 2, SERVER_UNIX_SNDBUF);
   }
@@ -431,7 +430,6 @@ static void
 server_tick(struct loop *l, void *arg)
 {
   struct server *s = arg;
-  static uint64_t last_sweep;
 
   pthread_mutex_lock(&s->resume_lock);
   struct conn *list = s->resume;
@@ -468,9 +466,9 @@ server_tick(struct loop *l, void *arg)
         tcpinfo_sample(&c->tcp, c->fd);
 
   uint64_t now = loop_now_ms();
-  if (now - last_sweep < 500)
+  if (now - s->last_sweep_ms < 500)
     return;
-  last_sweep = now;
+  s->last_sweep_ms = now;
   struct conn *c, *next;
   for (c = s->conns; c; c = next) {
     next = c->next;

@@ -56,6 +56,8 @@ struct server {
   int nlisten;
   int nconns;
   struct conn *conns; /* all live connections, loop thread only */
+  uint64_t last_sweep_ms; /* handshake deadlines last checked */
+  bool warned_sndbuf;     /* the clipped-SO_SNDBUF warning was given */
   struct tls_creds *tls; /* NULL when cfg.tls_mode is TLS_OFF */
 
   /* Connections a worker asked the loop to look at again (resume reading
