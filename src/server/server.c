@@ -248,10 +248,9 @@ conn_may_read(struct conn *c)
   if (c->dead || c->state == CS_CLOSING || c->state == CS_TLS_HANDSHAKE ||
       c->hs_out_len > 0)
     return false;
-  pthread_mutex_lock(&c->lock);
-  bool paused = c->paused;
-  pthread_mutex_unlock(&c->lock);
-  return !paused;
+  /* Written under c->lock by workers; a stale read only delays reading
+   * until the resume that follows every change. */
+  return !__atomic_load_n(&c->paused, __ATOMIC_ACQUIRE);
 }
 
 /* Reads and handles as much as the socket has, without blocking. */
@@ -288,7 +287,11 @@ conn_read(struct conn *c)
      * read in bulk so that one recv serves many headers. */
     size_t want = c->need - c->have;
     ssize_t n;
-    if (want >= sizeof c->inbuf / 2) {
+    /* After a spliced payload, the next header is read on its own, so
+     * that the next payload stays in the socket for splice to move. */
+    bool exact = want >= sizeof c->inbuf / 2 ||
+                 (c->last_spliced && c->state == CS_REQ_HDR);
+    if (exact) {
       n = c->t.ops->recv(&c->t, c->dst + c->have, want);
       if (n > 0)
         c->have += (size_t)n;

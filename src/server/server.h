@@ -160,6 +160,7 @@ struct conn {
   bool hs_failed;       /* handshake output could not be queued */
   bool send_failed;     /* a worker saw the socket fail: loop closes */
   bool no_splice;       /* a pipe of payload size could not be had */
+  bool last_spliced;    /* loop only: the last WRITE payload was spliced */
   bool in_resume;       /* on srv->resume */
   struct req *sendq, *sendq_tail; /* replies waiting for the socket */
   struct req *free_reqs;

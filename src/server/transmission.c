@@ -373,7 +373,7 @@ req_finish_locked(struct conn *c, struct req *q)
     req_destroy(q);
   }
   if (c->paused && c->inflight < c->srv->cfg.max_inflight) {
-    c->paused = false;
+    __atomic_store_n(&c->paused, false, __ATOMIC_RELEASE);
     conn_update_events(c);
     resume = true;
   }
@@ -568,7 +568,7 @@ req_dispatch(struct conn *c, struct req *q)
   c->inflight++;
   c->refs++;
   if (c->inflight >= c->srv->cfg.max_inflight) {
-    c->paused = true;
+    __atomic_store_n(&c->paused, true, __ATOMIC_RELEASE);
     conn_update_events(c);
   }
   pthread_mutex_unlock(&c->lock);
@@ -655,12 +655,14 @@ transmission_header(struct conn *c)
     q->errmsg = NULL;
   } else if (payload > 0 && req_use_splice(c, q, payload)) {
     q->spliced = true;
+    c->last_spliced = true;
     conn_expect(c, CS_REQ_SPLICE, NULL, payload);
     return 0;
   } else if (q->r.type == NBD_CMD_READ || q->r.type == NBD_CMD_WRITE) {
     if (req_reserve(q, q->r.length) < 0)
       q->error = NBD_ENOMEM;
   }
+  c->last_spliced = false;
   if (payload > 0 && q->error == 0) {
     conn_expect(c, CS_REQ_PAYLOAD, q->buf, payload);
     return 0;
