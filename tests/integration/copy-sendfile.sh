@@ -1,0 +1,118 @@
+#!/bin/bash
+# copy-sendfile.sh: file -> NBD copies on the plain transport send WRITE
+# payloads straight from the source file (sendfile). Checks, byte for
+# byte: odd sizes and partial last pieces, small requests batched deep,
+# several connections, sparse sources whose holes must overwrite old data
+# with zeroes, TCP (our server) and Unix (nbdkit); that --verify and
+# --no-zero-copy take the buffer path; and that a source which shrinks in
+# the middle of a copy fails it with one line and a non-zero exit.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+need nbdkit
+need python3
+tmpdir_make
+
+wait_for () {
+    local i
+    for i in $(seq 100); do "$@" 2>/dev/null && return 0; sleep 0.1; done
+    fail "peer server did not come up: $*"
+}
+kit () {  # SOCK ARGS...: nbdkit on a Unix socket, ready when it returns
+    local sock=$1; shift
+    nbdkit -f -U "$sock" "$@" >>"$TMP/kit.log" 2>&1 &
+    SERVER_PIDS+=($!)
+    KIT_PID=$!
+    wait_for test -S "$sock"
+}
+uri () { echo "nbd+unix:///?socket=$1"; }
+# path_of JSON: the report's data_path.
+path_of () {
+    python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["data_path"])' "$1"
+}
+# copy_expect PATH NAME ARGS...: the copy succeeds on the named data path,
+# within 120 s (these copies take well under a second: a stall means a
+# peer stopped reading, and must fail rather than hang the suite).
+copy_expect () {
+    local want=$1 name=$2 rc=0; shift 2
+    timeout 120 "$NBDFLOW" copy --json "$@" >"$TMP/report.json" || rc=$?
+    [ "$rc" -ne 124 ] || fail "$name: copy stalled for 120 s (the server stopped reading)"
+    [ "$rc" -eq 0 ] || fail "$name: copy failed (exit $rc)"
+    [ "$(path_of "$TMP/report.json")" = "$want" ] ||
+        fail "$name: data path $(path_of "$TMP/report.json"), expected $want"
+    note "ok: $name ($want)"
+}
+# read_back URI FILE: the export's first bytes, as many as FILE holds,
+# must equal FILE.
+read_back () {
+    rm -f "$TMP/back.img"
+    "$NBDFLOW" copy "$1" "$TMP/back.img" || fail "read back of $1 failed"
+    truncate -s "$(stat -c %s "$2")" "$TMP/back.img"
+    same "$2" "$TMP/back.img"
+}
+
+# Odd sizes: the last piece is partial and not a multiple of anything.
+kit "$TMP/mem.sock" memory 64M
+mem=$(uri "$TMP/mem.sock")
+for size in 513 $(( (1 << 20) + 1 )) $(( 5 * (1 << 20) + 4097 )); do
+    head -c "$size" /dev/urandom >"$TMP/odd.img"
+    copy_expect sendfile "$size bytes -> nbdkit" --request-size 1M \
+        "$TMP/odd.img" "$mem"
+    read_back "$mem" "$TMP/odd.img"
+done
+
+# Small requests, a deep window and several connections: many headers
+# and payloads interleave in each socket's queue.
+make_random "$TMP/src.img" 24
+copy_expect sendfile "64K requests, 4 connections" --request-size 64K \
+    --inflight 16M --connections 4 "$TMP/src.img" "$mem"
+read_back "$mem" "$TMP/src.img"
+copy_expect sendfile "4K requests" --request-size 4K --inflight 1M \
+    "$TMP/src.img" "$mem"
+read_back "$mem" "$TMP/src.img"
+
+# A sparse source over old random data: holes become zeroes, data lands.
+make_sparse "$TMP/sparse.img" 24 "0:1 5:3 23:1"
+copy_expect sendfile "sparse source" "$TMP/sparse.img" "$mem"
+read_back "$mem" "$TMP/sparse.img"
+
+# The copying path is still there, and still right.
+copy_expect buffer "--no-zero-copy" --no-zero-copy "$TMP/src.img" "$mem"
+read_back "$mem" "$TMP/src.img"
+copy_expect buffer "--verify reads through buffers" --verify \
+    "$TMP/sparse.img" "$mem"
+
+# Our server over TCP. Its payload pipes must hold a payload however the
+# sender's kernel cut it into pages: page-cache pages from sendfile take
+# one pipe slot each, plus the partial ones around the header.
+if "$NBDFLOW" serve --help >/dev/null 2>&1; then
+    truncate -s 24M "$TMP/exp.img"
+    serve_tcp "$TMP/exp.img"
+    copy_expect sendfile "-> nbdflow serve over TCP, 2 connections" \
+        --connections 2 "$TMP/src.img" "$URI"
+    same "$TMP/src.img" "$TMP/exp.img"
+    copy_expect sendfile "sparse -> nbdflow serve over TCP" \
+        "$TMP/sparse.img" "$URI"
+    same "$TMP/sparse.img" "$TMP/exp.img"
+else
+    note "nbdflow serve not built: TCP part not run"
+fi
+
+# The source shrinks under a slow copy: the payload a header promised is
+# gone, so the connection and the copy must fail, loudly, once.
+make_random "$TMP/shrink.img" 16
+kit "$TMP/slow.sock" --filter=delay memory 16M wdelay=100ms
+rc=0
+"$NBDFLOW" copy --json --request-size 256K --inflight 512K \
+    "$TMP/shrink.img" "$(uri "$TMP/slow.sock")" >"$TMP/out" 2>"$TMP/err" &
+copy_pid=$!
+sleep 1
+truncate -s 1M "$TMP/shrink.img"
+wait "$copy_pid" || rc=$?
+[ "$rc" -ne 0 ] || fail "copy from a shrinking source exited 0"
+[ "$(grep -c error "$TMP/err")" -eq 1 ] ||
+    fail "shrinking source: expected one error line: $(cat "$TMP/err")"
+grep -q "offset [0-9]* length [0-9]*: .*source file ended" "$TMP/err" ||
+    fail "shrinking source: message lacks offset/length/cause: $(cat "$TMP/err")"
+[ ! -s "$TMP/out" ] || fail "shrinking source: a report was printed"
+note "ok: shrinking source: $(cat "$TMP/err")"
+echo "PASS"
