@@ -18,6 +18,7 @@ struct copy_args {
   const char *src, *dst;
   unsigned connections;
   bool verify, json;
+  bool nagle, split_writes; /* diagnostics, for every NBD endpoint */
   struct copy_opts o;
 };
 
@@ -42,7 +43,15 @@ copy_usage(FILE *f)
     "                         could send it from the file (sendfile)\n"
     "  --verify               hash SRC while copying, read DST back, compare\n"
     "  --progress[=json]      progress bar on a terminal, or JSON lines\n"
-    "  --json                 final report as JSON on stdout\n",
+    "  --json                 final report as JSON on stdout\n"
+    "\nDiagnostic options (reproduce stock clients; slow on purpose):\n"
+    "  --nagle                leave Nagle's algorithm on (no TCP_NODELAY)\n"
+    "  --max-requests N       at most N requests in flight over all\n"
+    "                         connections (1: wait for each reply)\n"
+    "  --split-writes         send each write's header and payload in two\n"
+    "                         separate writes\n"
+    "  The stock sparse_dd shape is --nagle --max-requests 1 --split-writes\n"
+    "  --connections 1.\n",
     ENDPOINT_AUTO_CONNECTIONS);
 }
 
@@ -70,6 +79,9 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     { "verify", no_argument, NULL, 'V' },
     { "progress", optional_argument, NULL, 'p' },
     { "json", no_argument, NULL, 'j' },
+    { "nagle", no_argument, NULL, 'N' },
+    { "max-requests", required_argument, NULL, 'M' },
+    { "split-writes", no_argument, NULL, 'S' },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
   };
@@ -124,6 +136,19 @@ copy_parse(int argc, char **argv, struct copy_args *a)
       break;
     case 'j':
       a->json = true;
+      break;
+    case 'N':
+      a->nagle = true;
+      break;
+    case 'M':
+      if (copy_parse_size("--max-requests", optarg, &v) < 0 || v > 65536) {
+        log_error("--max-requests: 1 to 65536");
+        return 2;
+      }
+      a->o.max_requests = (unsigned)v;
+      break;
+    case 'S':
+      a->split_writes = true;
       break;
     case 'h':
       copy_usage(stdout);
@@ -192,7 +217,9 @@ copy_report_json(const struct copy_args *a, const struct copy_stats *st,
          "\"connections\": {\"source\": %u, \"destination\": %u}, "
          "\"request_size\": %llu, \"window_bytes\": %llu, "
          "\"peak_inflight_bytes\": %llu, \"peak_depth\": %u, "
-         "\"data_path\": \"%s\", \"verified\": %s%s%s}\n",
+         "\"data_path\": \"%s\", \"verified\": %s, "
+         "\"diagnostic\": {\"nagle\": %s, \"split_writes\": %s, "
+         "\"max_requests\": %u}%s%s}\n",
          a->src, a->dst, (unsigned long long)st->total,
          (unsigned long long)st->copied, (unsigned long long)st->zeroed,
          (unsigned long long)st->skipped, st->seconds, mibs,
@@ -200,7 +227,9 @@ copy_report_json(const struct copy_args *a, const struct copy_stats *st,
          st->dst_connections, (unsigned long long)st->request_size,
          (unsigned long long)st->window,
          (unsigned long long)st->peak_inflight, st->peak_depth,
-         st->data_path ? st->data_path : "buffer", verified ? "true" : "false", st->tcp_json[0] ? ", \"tcp\": " : "",
+         st->data_path ? st->data_path : "buffer", verified ? "true" : "false",
+         a->nagle ? "true" : "false", a->split_writes ? "true" : "false",
+         a->o.max_requests, st->tcp_json[0] ? ", \"tcp\": " : "",
          st->tcp_json);
 }
 
@@ -268,13 +297,16 @@ cmd_copy(int argc, char **argv)
   char err[512];
   if (copy_session_open(&s) < 0)
     goto out;
-  struct endpoint_opts so = { .write = false, .connections = a.connections };
+  struct endpoint_opts so = { .write = false, .connections = a.connections,
+                              .nagle = a.nagle,
+                              .split_writes = a.split_writes };
   if (endpoint_open(&s.env, a.src, &so, &s.src, err, sizeof err) < 0) {
     log_error("%s", err);
     goto out;
   }
   struct endpoint_opts dopt = {
     .write = true, .connections = a.connections, .allocated = a.o.allocated,
+    .nagle = a.nagle, .split_writes = a.split_writes,
     .create_size = s.src->size_known ? s.src->size : UINT64_MAX,
   };
   if (endpoint_open(&s.env, a.dst, &dopt, &s.dst, err, sizeof err) < 0) {

@@ -46,6 +46,11 @@ struct client_opts {
   bool want_allocation;     /* SET_META_CONTEXT base:allocation */
   bool want_list;           /* collect NBD_OPT_LIST before GO */
   int timeout_ms;           /* whole handshake; -1 for none */
+  /* Diagnostics, to reproduce stock clients (docs/copy.md): leave
+   * Nagle's algorithm on (no TCP_NODELAY), and send every WRITE's header
+   * and payload in two separate writes, without MSG_MORE. */
+  bool nagle;
+  bool split_writes;
 };
 
 /* What the handshake learnt. Strings are owned by the connection. */
@@ -125,6 +130,7 @@ struct client_conn {
   size_t send_off;        /* bytes of sendq's head already sent */
   bool flush_pending;     /* the transport holds bytes (a TLS record the
                            * socket refused): flush on POLLOUT */
+  bool split_writes;      /* client_opts.split_writes */
   unsigned inflight;
   uint64_t inflight_bytes;
 

@@ -435,8 +435,9 @@ hs_fix_block_sizes(struct client_info *in)
     in->max_block = in->pref_block;
 }
 
+/* nagle: leave Nagle's algorithm on (a diagnostic option). */
 static int
-client_open_socket(struct client_conn *c, const struct nbd_uri *u)
+client_open_socket(struct client_conn *c, const struct nbd_uri *u, bool nagle)
 {
   int fd;
   if (u->unix_socket)
@@ -458,7 +459,7 @@ client_open_socket(struct client_conn *c, const struct nbd_uri *u)
     int eff;
     sock_set_sndbuf(fd, 4 << 20, &eff);
     sock_set_rcvbuf(fd, 4 << 20, &eff);
-  } else {
+  } else if (!nagle) {
     sock_set_nodelay(fd, true);
   }
   c->fd = fd;
@@ -472,9 +473,10 @@ client_connect(struct client_conn *c, const struct nbd_uri *u,
 {
   memset(c, 0, sizeof *c);
   c->fd = -1;
-  int r = client_open_socket(c, u);
+  int r = client_open_socket(c, u, o->nagle);
   if (r < 0)
     return r;
+  c->split_writes = o->split_writes;
   struct hs h = { .c = c, .o = o, .u = u };
   if (o->timeout_ms >= 0)
     h.deadline = loop_now_ms() + (uint64_t)o->timeout_ms;

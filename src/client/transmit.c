@@ -181,6 +181,44 @@ client_send_file(struct client_conn *c)
   return done == r->length ? 1 : 0;
 }
 
+/* Split writes (a diagnostic): sends the queue's head request as a stock
+ * client does, its header in one write and its payload in another, with
+ * no MSG_MORE. Returns 1 when the request is out, 0 when the socket is
+ * full, -errno when the connection died. */
+static int
+client_send_split(struct client_conn *c)
+{
+  struct client_req *r = c->sendq;
+  size_t len = client_wire_len(r);
+  while (c->send_off < len) {
+    if (r->from_file && c->send_off >= r->hdr_len) {
+      int k = client_send_file(c);
+      if (k <= 0)
+        return k;
+      break;
+    }
+    struct iovec iov;
+    if (c->send_off < r->hdr_len)
+      iov = (struct iovec){ r->hdr + c->send_off, r->hdr_len - c->send_off };
+    else
+      iov = (struct iovec){ (uint8_t *)r->buf + (c->send_off - r->hdr_len),
+                            len - c->send_off };
+    ssize_t w = c->tp.ops->sendv(&c->tp, &iov, 1, 0);
+    if (w == -EAGAIN)
+      return 0;
+    if (w < 0)
+      return client_die(c, (int)-w, "connection lost while sending");
+    c->send_off += (size_t)w;
+  }
+  c->sendq = r->next;
+  r->next = NULL;
+  r->sent = true; /* from now on a reply may complete it */
+  c->send_off = 0;
+  if (c->sendq == NULL)
+    c->sendq_tail = NULL;
+  return 1;
+}
+
 /* Sends as much of the queue as the socket takes, many requests per
  * sendmsg: each WRITE header travels in the same call as its payload. A
  * file-backed WRITE ends its batch: its header goes with MSG_MORE so the
@@ -190,6 +228,12 @@ client_send_some(struct client_conn *c)
 {
   while (c->sendq) {
     struct client_req *h = c->sendq;
+    if (c->split_writes) {
+      int r = client_send_split(c);
+      if (r <= 0)
+        return r;
+      continue;
+    }
     if (h->from_file && c->send_off >= h->hdr_len) {
       int r = client_send_file(c);
       if (r <= 0)

@@ -97,6 +97,11 @@ struct endpoint_ops {
   /* Optional: TCP diagnostics of the first connection as a JSON object
    * into buf; returns 0, or -1 when there is nothing to report. */
   int (*tcp_json)(struct endpoint *e, char *buf, size_t len);
+  /* Optional, loop thread, about every 200 ms: takes one TCP_INFO sample
+   * of every TCP connection and returns the share of all samples so far
+   * that stalled, in percent, with the sample count in *samples; -1 when
+   * there is no TCP connection. */
+  double (*sample_tcp)(struct endpoint *e, uint64_t *samples);
 };
 
 struct endpoint {
@@ -128,6 +133,10 @@ struct endpoint_opts {
   uint64_t create_size; /* file destination: size to give it;
                            UINT64_MAX when the source size is unknown */
   bool allocated;       /* file destination: write zero blocks too */
+  /* NBD, diagnostics (client_opts): Nagle on, header and payload in
+   * separate writes. */
+  bool nagle;
+  bool split_writes;
 };
 
 /* Opens spec: an NBD URI, "null:", "-", a generated source

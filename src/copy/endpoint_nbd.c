@@ -250,8 +250,9 @@ nbd_close(struct endpoint *e)
   free(p);
 }
 
-/* Samples TCP_INFO on every TCP connection; returns the smallest
- * min_rtt the kernel measured, 0 when none (Unix sockets). */
+/* Returns the smallest min_rtt the kernel measured on any TCP
+ * connection, from the samples nbd_sample_tcp takes; 0 when none (Unix
+ * sockets). */
 static uint32_t
 nbd_sample_rtt(struct endpoint *e)
 {
@@ -259,12 +260,36 @@ nbd_sample_rtt(struct endpoint *e)
   uint32_t best = 0;
   for (unsigned i = 0; i < p->n; i++) {
     struct nbd_slot *s = &p->slots[i];
-    if (!s->tcp || s->c.fatal || tcpinfo_sample(&s->ti, s->c.fd) < 0)
+    if (!s->tcp || s->ti.samples == 0)
       continue;
     if (s->ti.min_rtt_us && (best == 0 || s->ti.min_rtt_us < best))
       best = s->ti.min_rtt_us;
   }
   return best;
+}
+
+/* One TCP_INFO sample of every live TCP connection; the stall share of
+ * all samples so far. */
+static double
+nbd_sample_tcp(struct endpoint *e, uint64_t *samples)
+{
+  struct nbd_priv *p = e->priv;
+  uint64_t n = 0, stalled = 0;
+  bool any = false;
+  for (unsigned i = 0; i < p->n; i++) {
+    struct nbd_slot *s = &p->slots[i];
+    if (!s->tcp)
+      continue;
+    any = true;
+    if (!s->c.fatal)
+      tcpinfo_sample(&s->ti, s->c.fd);
+    n += s->ti.samples;
+    stalled += s->ti.stall_samples;
+  }
+  *samples = n;
+  if (!any)
+    return -1;
+  return n ? 100.0 * (double)stalled / (double)n : 0;
 }
 
 static int
@@ -287,6 +312,7 @@ static const struct endpoint_ops nbd_ops = {
   .close = nbd_close,
   .sample_rtt = nbd_sample_rtt,
   .tcp_json = nbd_tcp_json,
+  .sample_tcp = nbd_sample_tcp,
 };
 
 static int
@@ -297,7 +323,8 @@ nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
   struct client_opts co = { .export_name = p->uri.export_name,
                             .want_structured = true,
                             .want_allocation = !o->write,
-                            .timeout_ms = 30000 };
+                            .timeout_ms = 30000, .nagle = o->nagle,
+                            .split_writes = o->split_writes };
   for (unsigned i = 0; i < p->n; i++) {
     struct nbd_slot *s = &p->slots[i];
     s->e = e;

@@ -10,6 +10,7 @@
 #include <xxhash.h>
 
 #include "net/loop.h"
+#include "util/log.h"
 #include "util/size.h"
 
 #define ENG_EXT_BATCH 1024
@@ -93,6 +94,8 @@ struct engine {
   uint64_t done_at_last_adapt;
   bool tty;
   bool finished;
+  bool stall_warned;    /* the --progress stall warning was given */
+  uint64_t t_last_tcp_us; /* last TCP_INFO sample */
 };
 
 static uint64_t
@@ -569,6 +572,8 @@ eng_issue_one(struct engine *e)
     return false;
   if (e->src->sequential && e->src_busy)
     return false;
+  if (e->o->max_requests && e->active >= e->o->max_requests)
+    return false;
   if (eng_plan(e, &len, &zero) != PLAN_OK)
     return false;
   if (zero) {
@@ -654,6 +659,49 @@ eng_progress(struct engine *e, bool final)
       fputc('\n', stderr);
   }
   e->t_last_print_us = now;
+}
+
+#define ENG_TCP_SAMPLE_US 190000 /* ~200 ms, tolerating tick jitter */
+
+/* Samples TCP_INFO on both endpoints about every 200 ms and, with
+ * --progress, warns once when the NBD side stalls too often. */
+static void
+eng_sample_tcp(struct engine *e)
+{
+  struct endpoint *eps[2] = { e->src, e->dst };
+  struct endpoint *nbd = e->dst && e->dst->ops->tcp_json ? e->dst : e->src;
+  uint64_t samples = 0;
+  double pct = -1;
+  uint64_t now = eng_now_us();
+  if (now - e->t_last_tcp_us < ENG_TCP_SAMPLE_US)
+    return; /* the tick also runs after every wake-up */
+  e->t_last_tcp_us = now;
+  for (int i = 0; i < 2; i++) {
+    uint64_t n;
+    if (eps[i] == NULL || eps[i]->ops->sample_tcp == NULL)
+      continue;
+    double p = eps[i]->ops->sample_tcp(eps[i], &n);
+    if (eps[i] == nbd) {
+      pct = p;
+      samples = n;
+    }
+  }
+  e->st->stall_pct = pct;
+  if (e->o->progress == COPY_PROGRESS_NONE || e->stall_warned ||
+      samples < COPY_STALL_WARN_SAMPLES || pct <= COPY_STALL_WARN_PCT)
+    return;
+  e->stall_warned = true;
+  if (e->o->progress == COPY_PROGRESS_JSON) {
+    fprintf(stderr, "{\"phase\": \"%s\", \"warning\": \"tcp_stalls\", "
+            "\"stall_pct\": %.1f, \"samples\": %llu}\n", e->o->label, pct,
+            (unsigned long long)samples);
+    return;
+  }
+  if (e->tty)
+    fputc('\n', stderr);
+  log_warn("TCP stalls in %.0f%% of samples: small writes wait for delayed "
+           "ACKs (Nagle, split writes, one request in flight?); see "
+           "'Diagnostic options' in docs/copy.md", pct);
 }
 
 /* Window = 2 x bandwidth x RTT (smallest RTT the transport saw) plus a
@@ -746,6 +794,7 @@ eng_tick(struct loop *l, void *arg)
   (void)l;
   ep_env_drain(e->env);
   eng_pump(e);
+  eng_sample_tcp(e);
   eng_adapt(e);
   if (!e->finished)
     eng_progress(e, false);
@@ -854,6 +903,7 @@ copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
     return -ENOMEM;
   }
   memset(st, 0, sizeof *st);
+  st->stall_pct = -1;
   e->env = env;
   e->src = src;
   e->dst = dst;

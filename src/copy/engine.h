@@ -29,6 +29,11 @@
 #define COPY_WINDOW_CAP (UINT64_C(256) << 20) /* adaptive window cap */
 #define COPY_MAX_ZERO_INFLIGHT 16
 #define COPY_CHUNK (UINT64_C(4) << 20)    /* verify digest granularity */
+/* --progress warns once the share of TCP_INFO samples that stalled (a
+ * sub-MSS payload unsent while data is unacked) passes this, in percent,
+ * over at least COPY_STALL_WARN_SAMPLES samples (~200 ms apart). */
+#define COPY_STALL_WARN_PCT 5.0
+#define COPY_STALL_WARN_SAMPLES 10
 
 enum copy_progress { COPY_PROGRESS_NONE, COPY_PROGRESS_BAR,
                      COPY_PROGRESS_JSON };
@@ -51,6 +56,8 @@ struct copy_opts {
   bool no_zero_copy;     /* always read into buffers (zero detection on
                             all data); else file -> plain NBD uses
                             sendfile */
+  unsigned max_requests; /* data and zero requests in flight at most,
+                            over all connections; 0: no limit */
   enum copy_progress progress;
   const char *label;     /* progress label, e.g. "copy" or "verify" */
   struct hash_ctx *hash; /* whole-stream digest of the source, or NULL */
@@ -72,6 +79,7 @@ struct copy_stats {
   unsigned src_connections, dst_connections;
   const char *data_path;  /* "buffer" or "sendfile" */
   char tcp_json[1024];    /* TCP diagnostics of the NBD side, or "" */
+  double stall_pct;       /* of the NBD side's samples; -1 without TCP */
 };
 
 /* Copies src to dst (dst NULL: read and hash only). Returns 0, or -errno
