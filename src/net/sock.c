@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -326,4 +327,13 @@ sock_pipe_sized(int fds[2], size_t size)
     return -err;
   }
   return 0;
+}
+
+int
+sock_readable_bytes(int fd)
+{
+  int n = 0;
+  if (ioctl(fd, FIONREAD, &n) < 0)
+    return -errno;
+  return n;
 }

@@ -39,6 +39,8 @@ bool sock_is_unix(int fd);
  * copying them through user space; non-blocking. Returns bytes moved, 0 at
  * EOF, -EAGAIN or -errno. */
 ssize_t sock_splice_to_pipe(int fd, int pipefd, size_t len);
+/* Bytes waiting to be read on socket fd (FIONREAD), or -errno. */
+int sock_readable_bytes(int fd);
 /* A non-blocking pipe holding at least size bytes; -errno when the kernel
  * will not grow one that far. */
 int sock_pipe_sized(int fds[2], size_t size);

@@ -207,8 +207,39 @@ conn_step(struct conn *c)
   return -1;
 }
 
+/* The pipe filled up before the payload was in (its slots hold partial
+ * pages): take this payload back into the request's buffer and read the
+ * rest of it the ordinary way. Returns 2 to say "go on reading". */
+static int
+conn_splice_fallback(struct conn *c)
+{
+  struct req *q = c->cur;
+  if (req_reserve(q, c->need) < 0) {
+    log_warn("%s: out of memory for a %zu-byte payload", c->peer, c->need);
+    return -1;
+  }
+  size_t got = 0;
+  while (got < c->have) {
+    ssize_t n = read(q->pipe[0], q->buf + got, c->have - got);
+    if (n <= 0) {
+      log_warn("%s: cannot drain a payload pipe: %s", c->peer,
+               n < 0 ? strerror(errno) : "short read");
+      return -1;
+    }
+    got += (size_t)n;
+  }
+  q->spliced = false;
+  log_debug("%s: payload pipe full after %zu of %zu bytes; copying the rest",
+            c->peer, c->have, c->need);
+  size_t have = c->have;
+  conn_expect(c, CS_REQ_PAYLOAD, q->buf, c->need);
+  c->have = have;
+  return 2;
+}
+
 /* Moves a WRITE payload from the socket into its request's pipe. Returns
- * 1 when all of it is there, 0 when the socket is empty, -1 to close. */
+ * 1 when all of it is there, 0 when the socket is empty, 2 when it fell
+ * back to the buffer, -1 to close. */
 static int
 conn_read_splice(struct conn *c)
 {
@@ -228,6 +259,8 @@ conn_read_splice(struct conn *c)
   }
   while (c->have < c->need) {
     ssize_t n = sock_splice_to_pipe(c->fd, q->pipe[1], c->need - c->have);
+    if (n == -EAGAIN && sock_readable_bytes(c->fd) > 0)
+      return conn_splice_fallback(c); /* the pipe is full, not the socket */
     if (n == -EAGAIN)
       return 0;
     if (n <= 0) {
@@ -262,6 +295,8 @@ conn_read(struct conn *c)
       int r = conn_read_splice(c);
       if (r == 0)
         return;
+      if (r == 2)
+        continue; /* now an ordinary payload read */
       if (r < 0 || transmission_payload(c) < 0) {
         conn_close(c, NULL);
         return;

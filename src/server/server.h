@@ -204,5 +204,6 @@ struct export *server_find_export(struct server *s, const uint8_t *name,
                                   size_t len);
 void conn_update_events(struct conn *c); /* under c->lock */
 void req_destroy(struct req *q);
+int req_reserve(struct req *q, size_t n); /* buf of at least n bytes */
 
 #endif

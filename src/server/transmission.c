@@ -63,7 +63,7 @@ req_get(struct conn *c)
   return q;
 }
 
-static int
+int
 req_reserve(struct req *q, size_t n)
 {
   if (n <= q->buf_cap)
@@ -599,14 +599,16 @@ req_use_splice(struct conn *c, struct req *q, uint64_t payload)
       c->no_splice || c->exp->ops->splice_in == NULL ||
       c->t.ops != &transport_plain_ops)
     return false;
-  if (q->pipe[0] >= 0 && (uint64_t)q->pipe_size >= payload)
+  if (q->pipe[0] >= 0 && (uint64_t)q->pipe_size >= 2 * payload)
     return true;
   if (q->pipe[0] >= 0) {
     close(q->pipe[0]);
     close(q->pipe[1]);
   }
-  size_t want = payload < SERVER_MAX_PAYLOAD ? (size_t)payload
-                                             : SERVER_MAX_PAYLOAD;
+  /* A pipe slot holds one page reference, and a sender that uses
+   * sendfile(2) delivers pages partly filled around its headers: twice
+   * the payload leaves room for that. conn_read_splice copes anyway. */
+  size_t want = 2 * (size_t)payload;
   if (sock_pipe_sized(q->pipe, want) < 0) {
     c->no_splice = true; /* the kernel's pipe limits: copy instead */
     log_debug("%s: no pipe of %zu bytes; copying payloads", c->peer, want);
