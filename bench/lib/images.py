@@ -7,6 +7,8 @@ known state, and verify copies. Standard library only.
                                         random data in extents of EXT bytes,
                                         evenly spread, holes elsewhere
   images.py dense-of PATH SRC           the data extents of SRC, back to back
+  images.py blocks PATH SIZE            matrix workload: per 4 MiB a 2 MiB and a
+                                        4 KiB random block, holes between
   images.py reset PATH SIZE [LIKE]      the destination state used by every
                                         arm (see state_text)
   images.py verify SRC DST              byte-for-byte comparison; holes read
@@ -86,6 +88,19 @@ def cmd_sparse(path, size, data, ext):
     os.ftruncate(fd, size)
     for off, length in sparse_layout(size, data, ext):
         write_random(fd, off, length)
+    os.close(fd)
+
+
+def cmd_blocks(path, size):
+    """The matrix workload: every 4 MiB, a 2 MiB random block at the start
+    and a 4 KiB random block 1 MiB after it; holes elsewhere."""
+    size = parse_size(size)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.ftruncate(fd, size)
+    for base in range(0, size, 4 << 20):
+        write_random(fd, base, min(2 << 20, size - base))
+        if base + (3 << 20) + 4096 <= size:
+            write_random(fd, base + (3 << 20), 4096)
     os.close(fd)
 
 
@@ -171,7 +186,7 @@ def main(argv):
         sys.exit(__doc__)
     cmd, args = argv[1], argv[2:]
     table = {"random": (cmd_random, 2, 2), "sparse": (cmd_sparse, 4, 4),
-             "dense-of": (cmd_dense_of, 2, 2), "reset": (cmd_reset, 2, 3),
+             "dense-of": (cmd_dense_of, 2, 2), "blocks": (cmd_blocks, 2, 2), "reset": (cmd_reset, 2, 3),
              "verify": (cmd_verify, 2, 2),
              "state": (lambda: print(STATE_TEXT), 0, 0),
              "bytes": (lambda v: print(parse_size(v)), 1, 1)}

@@ -9,6 +9,8 @@ import os
 import statistics
 import sys
 
+import report_link
+
 COLS = ["section", "workload", "client", "server", "transport", "run",
         "status", "seconds", "bytes", "rss_kb", "user_s", "sys_s", "extra",
         "note"]
@@ -429,6 +431,10 @@ def main(argv):
     section_servers(out, rows, meta)
     section_clients(out, rows, meta)
     section_stock(out, rows, meta)
+    report_link.section_matrix(out, rows, meta)
+    report_link.section_rtt(out, rows, meta, os.path.join(
+        os.path.dirname(os.path.abspath(report)), "rtt.svg"))
+    report_link.section_tls(out, rows, meta)
     section_notes(out, rows)
     out.append("## Machine")
     out.append("")
