@@ -9,27 +9,9 @@
 #include "server.h"
 #include "util/log.h"
 
-#define LOG_CAP 16 /* bad-input lines per connection */
 
 static int handshake_tls_begin(struct conn *c);
 
-static void
-hs_log(struct conn *c, const char *fmt, ...)
-{
-  char msg[512];
-  va_list ap;
-  if (c->nlogged > LOG_CAP)
-    return;
-  if (c->nlogged++ == LOG_CAP) {
-    log_warn("%s: further problems on this connection are not logged",
-             c->peer);
-    return;
-  }
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  log_warn("%s: %s", c->peer, msg);
-}
 
 void
 handshake_queue(struct conn *c, const void *p, size_t len)
@@ -106,7 +88,7 @@ handshake_flags(struct conn *c)
   c->cflags = wire_get32(c->msg);
   uint32_t known = NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES;
   if (c->cflags & ~known) {
-    hs_log(c, "unknown client flags 0x%x", c->cflags & ~known);
+    conn_log(c, "unknown client flags 0x%x", c->cflags & ~known);
     return -1;
   }
   conn_expect(c, CS_OPT_HDR, c->msg, NBD_OPT_HDR_LEN);
@@ -136,7 +118,7 @@ opt_error(struct conn *c, uint32_t type, const char *fmt, ...)
     n = 0;
   if ((size_t)n >= sizeof msg)
     n = sizeof msg - 1;
-  hs_log(c, "option %s: %s: %s", wire_opt_name(c->opt.option),
+  conn_log(c, "option %s: %s: %s", wire_opt_name(c->opt.option),
          wire_rep_name(type), msg);
   opt_reply(c, type, msg, (size_t)n);
 }
@@ -158,13 +140,13 @@ static int
 opt_export_name(struct conn *c, const uint8_t *data, uint32_t len)
 {
   if (len > NBD_MAX_STRING) {
-    hs_log(c, "EXPORT_NAME: name of %u bytes is longer than %d", len,
+    conn_log(c, "EXPORT_NAME: name of %u bytes is longer than %d", len,
            NBD_MAX_STRING);
     return -1; /* EXPORT_NAME cannot be answered with an error */
   }
   struct export *e = server_find_export(c->srv, data, len);
   if (e == NULL) {
-    hs_log(c, "EXPORT_NAME: no export \"%.*s\"", (int)len, (const char *)data);
+    conn_log(c, "EXPORT_NAME: no export \"%.*s\"", (int)len, (const char *)data);
     return -1;
   }
   uint8_t r[NBD_EXPORT_NAME_REPLY_LEN + NBD_ZEROES_LEN] = { 0 };
@@ -239,7 +221,7 @@ opt_tls_required(struct conn *c, int *r)
       c->opt.option == NBD_OPT_STARTTLS || c->opt.option == NBD_OPT_ABORT)
     return false;
   if (c->opt.option == NBD_OPT_EXPORT_NAME) {
-    hs_log(c, "EXPORT_NAME before STARTTLS, but TLS is required");
+    conn_log(c, "EXPORT_NAME before STARTTLS, but TLS is required");
     *r = -1; /* EXPORT_NAME cannot be answered with an error */
     return true;
   }
@@ -248,7 +230,7 @@ opt_tls_required(struct conn *c, int *r)
   static const char msg[] = "TLS is required: send STARTTLS first";
   if (!c->tls_refused) {
     c->tls_refused = true;
-    hs_log(c, "option %s in clear: %s", wire_opt_name(c->opt.option), msg);
+    conn_log(c, "option %s in clear: %s", wire_opt_name(c->opt.option), msg);
   }
   opt_reply(c, NBD_REP_ERR_TLS_REQD, msg, sizeof msg - 1);
   return true;
@@ -466,7 +448,7 @@ handshake_option(struct conn *c)
 
   if (!(c->cflags & NBD_FLAG_C_FIXED_NEWSTYLE) &&
       c->opt.option != NBD_OPT_EXPORT_NAME) {
-    hs_log(c, "option %s from a client without fixed newstyle",
+    conn_log(c, "option %s from a client without fixed newstyle",
            wire_opt_name(c->opt.option));
     return -1; /* unfixed newstyle has no way to answer */
   }
@@ -474,7 +456,7 @@ handshake_option(struct conn *c)
     /* answered; an over-long option's data was dropped already */
   } else if (c->state == CS_OPT_DISCARD) {
     if (c->opt.option == NBD_OPT_EXPORT_NAME) {
-      hs_log(c, "EXPORT_NAME of %u bytes is too long", len);
+      conn_log(c, "EXPORT_NAME of %u bytes is too long", len);
       return -1;
     }
     opt_error(c, NBD_REP_ERR_TOO_BIG, "option data of %u bytes exceeds the "

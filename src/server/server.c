@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,24 @@
 
 #include "net/sock.h"
 #include "util/log.h"
+
+void
+conn_log(struct conn *c, const char *fmt, ...)
+{
+  char msg[512];
+  va_list ap;
+  if (c->nlogged > CONN_LOG_CAP)
+    return;
+  if (c->nlogged++ == CONN_LOG_CAP) {
+    log_warn("%s: further problems on this connection are not logged",
+             c->peer);
+    return;
+  }
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  log_warn("%s: %s", c->peer, msg);
+}
 
 /* ---- reference counting and closing ---- */
 

@@ -28,7 +28,8 @@
 #define SERVER_MAX_OPTION (64u << 10) /* option data we agree to buffer */
 #define SERVER_UNIX_SNDBUF (2 << 20)
 #define SERVER_SPLICE_MIN (64u << 10) /* smaller payloads are copied */
-#define SERVER_TICK_MS 200 /* TCP_INFO sampling period with --stats */
+#define SERVER_TICK_MS 200
+#define CONN_LOG_CAP 16 /* TCP_INFO sampling period with --stats */
 
 struct server_config {
   const char *listen;  /* HOST:PORT, NULL for the default */
@@ -200,6 +201,10 @@ void conn_expect(struct conn *c, enum conn_state s, void *dst, size_t need);
 void conn_close(struct conn *c, const char *why);
 void conn_put(struct conn *c);
 void conn_resume(struct conn *c); /* any thread: ask the loop to look */
+/* One warning line naming the client; at most CONN_LOG_CAP per connection,
+ * so a hostile client cannot flood the log. Loop thread only. */
+void conn_log(struct conn *c, const char *fmt, ...)
+  __attribute__((format(printf, 2, 3)));
 struct export *server_find_export(struct server *s, const uint8_t *name,
                                   size_t len);
 void conn_update_events(struct conn *c); /* under c->lock */

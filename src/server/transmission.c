@@ -16,26 +16,8 @@
 #include <unistd.h>
 #include "util/log.h"
 
-#define LOG_CAP 16
 #define BS_MAX_EXTENTS 2048 /* descriptors in one BLOCK_STATUS reply */
 
-static void
-tx_log(struct conn *c, const char *fmt, ...)
-{
-  char msg[512];
-  va_list ap;
-  if (c->nlogged > LOG_CAP)
-    return;
-  if (c->nlogged++ == LOG_CAP) {
-    log_warn("%s: further problems on this connection are not logged",
-             c->peer);
-    return;
-  }
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  log_warn("%s: %s", c->peer, msg);
-}
 
 /* ---- request objects ---- */
 
@@ -628,7 +610,7 @@ transmission_header(struct conn *c)
     return -1;
   c->cur = q;
   if (wire_decode_request(c->msg, c->extended, &q->r) < 0) {
-    tx_log(c, "bad request magic 0x%08x", wire_get32(c->msg));
+    conn_log(c, "bad request magic 0x%08x", wire_get32(c->msg));
     return -1;
   }
   if (q->r.type == NBD_CMD_DISC) {
@@ -646,14 +628,14 @@ transmission_header(struct conn *c)
                      (c->extended && (q->r.flags & NBD_CMD_FLAG_PAYLOAD_LEN));
   uint64_t payload = has_payload ? q->r.length : 0;
   if (payload > SERVER_MAX_PAYLOAD) {
-    tx_log(c, "%s payload of %llu bytes exceeds the maximum %u",
+    conn_log(c, "%s payload of %llu bytes exceeds the maximum %u",
            wire_cmd_name(q->r.type), (unsigned long long)payload,
            SERVER_MAX_PAYLOAD);
     return -1;
   }
   q->error = req_check(c, &q->r, why, sizeof why);
   if (q->error) {
-    tx_log(c, "%s", why);
+    conn_log(c, "%s", why);
     q->errmsg = NULL;
   } else if (payload > 0 && req_use_splice(c, q, payload)) {
     q->spliced = true;

@@ -7,27 +7,7 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need nbdkit
 tmpdir_make
-# A server we killed ourselves must leave SERVER_PIDS: the cleanup would
-# otherwise fail on it under set -e.
-forget_pid () {
-    local p keep=()
-    for p in "${SERVER_PIDS[@]}"; do [ "$p" = "$1" ] || keep+=("$p"); done
-    SERVER_PIDS=("${keep[@]}")
-}
 
-wait_for () {
-    local i
-    for i in $(seq 100); do "$@" 2>/dev/null && return 0; sleep 0.1; done
-    fail "peer server did not come up: $*"
-}
-kit () {  # SOCK ARGS...: nbdkit on a Unix socket, ready when it returns
-    local sock=$1; shift
-    nbdkit -f -U "$sock" "$@" >>"$TMP/kit.log" 2>&1 &
-    SERVER_PIDS+=($!)
-    KIT_PID=$!
-    wait_for test -S "$sock"
-}
-uri () { echo "nbd+unix:///?socket=$1"; }
 
 make_random "$TMP/src.img" 16
 

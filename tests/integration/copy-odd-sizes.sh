@@ -5,11 +5,6 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need nbdkit
 tmpdir_make
-wait_for () {
-    local i
-    for i in $(seq 100); do "$@" 2>/dev/null && return 0; sleep 0.1; done
-    fail "peer server did not come up: $*"
-}
 
 for size in 0 513 $(( (1 << 30) + 1 )); do
     rm -f "$TMP/src.img" "$TMP/back.img"

@@ -10,11 +10,6 @@ need nbd-server
 tmpdir_make
 
 # wait_for CMD...: polls CMD for at most 10 s.
-wait_for () {
-    local i
-    for i in $(seq 100); do "$@" 2>/dev/null && return 0; sleep 0.1; done
-    fail "peer server did not come up: $*"
-}
 bg () { "$@" >>"$TMP/peers.log" 2>&1 & SERVER_PIDS+=($!); }
 port_open () { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 

@@ -5,11 +5,6 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need nbdkit
 tmpdir_make
-wait_for () {
-    local i
-    for i in $(seq 100); do "$@" 2>/dev/null && return 0; sleep 0.1; done
-    fail "peer server did not come up: $*"
-}
 make_sparse "$TMP/src.img" 20 "0:3 10:1 19:1"
 nbdkit -f -U "$TMP/m.sock" memory 20M >>"$TMP/kit.log" 2>&1 &
 SERVER_PIDS+=($!)

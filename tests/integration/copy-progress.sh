@@ -7,18 +7,6 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need nbdkit
 tmpdir_make
-# A server we killed ourselves must leave SERVER_PIDS: the cleanup would
-# otherwise fail on it under set -e.
-forget_pid () {
-    local p keep=()
-    for p in "${SERVER_PIDS[@]}"; do [ "$p" = "$1" ] || keep+=("$p"); done
-    SERVER_PIDS=("${keep[@]}")
-}
-wait_for () {
-    local i
-    for i in $(seq 100); do "$@" 2>/dev/null && return 0; sleep 0.1; done
-    fail "peer server did not come up: $*"
-}
 make_random "$TMP/src.img" 32
 
 # A complete, slowed-down copy.

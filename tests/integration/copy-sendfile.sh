@@ -12,19 +12,6 @@ need nbdkit
 need python3
 tmpdir_make
 
-wait_for () {
-    local i
-    for i in $(seq 100); do "$@" 2>/dev/null && return 0; sleep 0.1; done
-    fail "peer server did not come up: $*"
-}
-kit () {  # SOCK ARGS...: nbdkit on a Unix socket, ready when it returns
-    local sock=$1; shift
-    nbdkit -f -U "$sock" "$@" >>"$TMP/kit.log" 2>&1 &
-    SERVER_PIDS+=($!)
-    KIT_PID=$!
-    wait_for test -S "$sock"
-}
-uri () { echo "nbd+unix:///?socket=$1"; }
 # path_of JSON: the report's data_path.
 path_of () {
     python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["data_path"])' "$1"

@@ -6,11 +6,6 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need qemu-nbd qemu-utils
 tmpdir_make
-wait_for () {
-    local i
-    for i in $(seq 100); do "$@" 2>/dev/null && return 0; sleep 0.1; done
-    fail "peer server did not come up: $*"
-}
 alloc_kib () { du -k "$1" | cut -f1; }
 
 # 256 MiB holding 3 MiB of data in three places, plus an all-zero data

@@ -7,11 +7,6 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need nbdkit
 tmpdir_make
-wait_for () {
-    local i
-    for i in $(seq 100); do "$@" 2>/dev/null && return 0; sleep 0.1; done
-    fail "peer server did not come up: $*"
-}
 make_random "$TMP/src.img" 12
 
 nbdkit -f -U "$TMP/good.sock" memory 12M >>"$TMP/kit.log" 2>&1 &

@@ -8,11 +8,6 @@ need nbdkit
 need nbdinfo libnbd-bin
 need qemu-nbd qemu-utils
 tmpdir_make
-wait_for () {
-    local i
-    for i in $(seq 100); do "$@" 2>/dev/null && return 0; sleep 0.1; done
-    fail "peer server did not come up: $*"
-}
 nbdkit -f -U "$TMP/k.sock" memory 5M >>"$TMP/s.log" 2>&1 &
 SERVER_PIDS+=($!)
 make_sparse "$TMP/q.img" 8 "2:1"

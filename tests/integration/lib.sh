@@ -233,3 +233,34 @@ serve_stop () {
     [ "$rc" = 0 ] || fail "server $pid exited with status $rc after SIGTERM"
     note "ok: server $pid stopped cleanly"
 }
+
+# ---- Peer servers started by the tests themselves --------------------------
+
+# wait_for CMD...: polls CMD for up to 10 s; fails the test if it never
+# succeeds.
+wait_for () {
+    local i
+    for i in $(seq 100); do "$@" 2>/dev/null && return 0; sleep 0.1; done
+    fail "peer server did not come up: $*"
+}
+
+# kit SOCK ARGS...: nbdkit on a Unix socket, ready when it returns; its pid
+# is in KIT_PID and joins SERVER_PIDS for the cleanup.
+kit () {
+    local sock=$1; shift
+    nbdkit -f -U "$sock" "$@" >>"$TMP/kit.log" 2>&1 &
+    SERVER_PIDS+=($!)
+    KIT_PID=$!
+    wait_for test -S "$sock"
+}
+
+# uri SOCK: the NBD URI of the default export on a Unix socket.
+uri () { echo "nbd+unix:///?socket=$1"; }
+
+# forget_pid PID: a server the test killed itself leaves SERVER_PIDS, so
+# that the cleanup does not fail on it under set -e.
+forget_pid () {
+    local p keep=()
+    for p in "${SERVER_PIDS[@]}"; do [ "$p" = "$1" ] || keep+=("$p"); done
+    SERVER_PIDS=("${keep[@]}")
+}

@@ -6,11 +6,6 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need qemu-nbd qemu-utils
 tmpdir_make
-wait_for () {
-    local i
-    for i in $(seq 100); do "$@" 2>/dev/null && return 0; sleep 0.1; done
-    fail "peer server did not come up: $*"
-}
 digest () { "$NBDFLOW" sum "$@" | cut -d' ' -f1; }
 
 make_sparse "$TMP/img" 64 "0:2 30:1 63:1"
