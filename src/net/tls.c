@@ -40,6 +40,14 @@ struct tls_creds {
   bool verify_peer;
 };
 
+/* Socket-side buffers (bytes of records, never plaintext). The receive
+ * buffer lets one recv(2) serve many records, where GnuTLS alone would
+ * read each record with two (header, then body); the send buffer lets one
+ * send(2) carry many records, where GnuTLS alone would send each on its
+ * own. 128 KiB holds seven full records. */
+#define TLS_RX_BUF (128 * 1024)
+#define TLS_TX_BUF (128 * 1024)
+
 /* One session: the transport's priv. */
 struct tls_session {
   gnutls_session_t s;
@@ -47,8 +55,8 @@ struct tls_session {
   bool server;
   bool psk; /* PSK credentials are on the session */
   bool handshake_done;
-  bool more; /* the push adds MSG_MORE: another record follows at once */
-  bool held; /* the last push used MSG_MORE: the kernel may hold a tail */
+  bool gather; /* inside sendv/flush: the push may keep records in tx */
+  bool held; /* the last send used MSG_MORE: the kernel may hold a tail */
   size_t rec_max; /* plaintext per record, at most TLS_RECORD_MAX */
   /* Record buffer, owned by the session: plaintext of the record being
    * gathered or, when pending is set, of the record GnuTLS has encrypted
@@ -56,6 +64,17 @@ struct tls_session {
   uint8_t rec[TLS_RECORD_MAX];
   size_t rec_len;
   bool pending;
+  /* Receiving side only (the pull function): bytes read from the socket
+   * and not yet handed to GnuTLS are rx[rx_off, rx_len). epoll cannot see
+   * them, so pending() counts them. */
+  uint8_t *rx;
+  size_t rx_off, rx_len;
+  int rx_err; /* an error met after recv had bytes to return: next call */
+  /* Sending side only (the push function): encrypted records accepted
+   * from GnuTLS and not yet on the socket are tx[tx_off, tx_len). GnuTLS
+   * counts them as sent; flush completes them. */
+  uint8_t *tx;
+  size_t tx_off, tx_len;
   /* Client sessions own their credentials; server ones borrow. */
   gnutls_certificate_credentials_t own_x509;
   gnutls_psk_client_credentials_t own_psk;
@@ -75,17 +94,78 @@ tls_err(char *err, size_t errlen, const char *fmt, ...)
 
 /* ---- socket I/O under GnuTLS ---- */
 
+/* Writes tx to the socket: 0 when it is empty, -EAGAIN when the socket is
+ * full (the rest stays in tx), -errno. more: further bytes follow at once
+ * (MSG_MORE, so the kernel builds full segments). */
+static int
+tls_tx_drain(struct tls_session *ts, bool more)
+{
+  int flags = MSG_NOSIGNAL | MSG_DONTWAIT | (more ? MSG_MORE : 0);
+  while (ts->tx_off < ts->tx_len) {
+    ssize_t n = send(ts->fd, ts->tx + ts->tx_off, ts->tx_len - ts->tx_off,
+                     flags);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+    }
+    ts->held = more;
+    ts->tx_off += (size_t)n;
+  }
+  ts->tx_off = ts->tx_len = 0;
+  return 0;
+}
+
+/* GnuTLS hands us each encrypted record here. Inside sendv/flush (gather
+ * set) the record is copied into tx and counts as sent; tx goes to the
+ * socket when the next record would not fit, and at the end of the
+ * message. Elsewhere (handshake, alerts, close_notify) GnuTLS expects its
+ * bytes on the wire when we say so: tx is written out first, then the
+ * record straight from GnuTLS's memory. A refusal (-1, errno EAGAIN)
+ * makes GnuTLS keep the record and report GNUTLS_E_AGAIN. */
 static ssize_t
 tls_push(gnutls_transport_ptr_t ptr, const giovec_t *iov, int iovcnt)
 {
   struct tls_session *ts = ptr;
+  size_t total = 0;
+  int r;
+
+  for (int i = 0; i < iovcnt; i++)
+    total += iov[i].iov_len;
+  if (ts->gather && total <= TLS_TX_BUF) {
+    if (ts->tx_len + total > TLS_TX_BUF) {
+      r = tls_tx_drain(ts, true);
+      if (r < 0 && r != -EAGAIN) {
+        errno = -r;
+        return -1;
+      }
+      if (ts->tx_off > 0) { /* keep what the socket left at the front */
+        memmove(ts->tx, ts->tx + ts->tx_off, ts->tx_len - ts->tx_off);
+        ts->tx_len -= ts->tx_off;
+        ts->tx_off = 0;
+      }
+      if (ts->tx_len + total > TLS_TX_BUF) {
+        errno = EAGAIN;
+        return -1;
+      }
+    }
+    for (int i = 0; i < iovcnt; i++) {
+      memcpy(ts->tx + ts->tx_len, iov[i].iov_base, iov[i].iov_len);
+      ts->tx_len += iov[i].iov_len;
+    }
+    return (ssize_t)total;
+  }
+  r = tls_tx_drain(ts, true);
+  if (r < 0) {
+    errno = -r;
+    return -1;
+  }
   struct msghdr m = { .msg_iov = (struct iovec *)iov,
                       .msg_iovlen = (size_t)iovcnt };
-  int flags = MSG_NOSIGNAL | MSG_DONTWAIT | (ts->more ? MSG_MORE : 0);
   for (;;) {
-    ssize_t n = sendmsg(ts->fd, &m, flags);
+    ssize_t n = sendmsg(ts->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n >= 0) {
-      ts->held = ts->more;
+      ts->held = false;
       return n;
     }
     if (errno != EINTR)
@@ -93,21 +173,36 @@ tls_push(gnutls_transport_ptr_t ptr, const giovec_t *iov, int iovcnt)
   }
 }
 
+/* GnuTLS asks for a record header, then for its body: both are served
+ * from rx, which one recv fills with as much as the socket holds. */
 static ssize_t
 tls_pull(gnutls_transport_ptr_t ptr, void *buf, size_t len)
 {
   struct tls_session *ts = ptr;
-  for (;;) {
-    ssize_t n = recv(ts->fd, buf, len, MSG_DONTWAIT);
-    if (n >= 0 || errno != EINTR)
-      return n;
+  if (ts->rx_off == ts->rx_len) {
+    ssize_t n;
+    ts->rx_off = ts->rx_len = 0;
+    do
+      n = recv(ts->fd, ts->rx, TLS_RX_BUF, MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    if (n <= 0)
+      return n; /* GnuTLS reads errno */
+    ts->rx_len = (size_t)n;
   }
+  size_t k = ts->rx_len - ts->rx_off;
+  if (k > len)
+    k = len;
+  memcpy(buf, ts->rx + ts->rx_off, k);
+  ts->rx_off += k;
+  return (ssize_t)k;
 }
 
 static int
 tls_pull_timeout(gnutls_transport_ptr_t ptr, unsigned int ms)
 {
   struct tls_session *ts = ptr;
+  if (ts->rx_off < ts->rx_len)
+    return 1;
   struct pollfd p = { .fd = ts->fd, .events = POLLIN };
   int r = poll(&p, 1, ms == GNUTLS_INDEFINITE_TIMEOUT ? -1 : (int)ms);
   return r < 0 ? -1 : r;
@@ -133,10 +228,10 @@ tls_errno(int r)
 
 /* ---- the transport ---- */
 
+/* One record's worth (or less) of plaintext. */
 static ssize_t
-tls_recv(struct transport *t, void *buf, size_t len)
+tls_recv_record(struct tls_session *ts, void *buf, size_t len)
 {
-  struct tls_session *ts = t->priv;
   /* Warning alerts are skipped; each one consumed input, and the bound
    * keeps a peer from holding the loop with a flood of them. */
   for (int i = 0; i < 64; i++) {
@@ -161,6 +256,35 @@ tls_recv(struct transport *t, void *buf, size_t len)
   return -EPROTO;
 }
 
+/* Fills buf with as many records as have arrived, so that a large
+ * payload costs the caller one call rather than one per record. An error
+ * after some bytes is kept for the next call; an EOF recurs by itself. */
+static ssize_t
+tls_recv(struct transport *t, void *buf, size_t len)
+{
+  struct tls_session *ts = t->priv;
+  size_t done = 0;
+
+  if (ts->rx_err) {
+    int e = ts->rx_err;
+    ts->rx_err = 0;
+    return e;
+  }
+  while (done < len) {
+    ssize_t n = tls_recv_record(ts, (uint8_t *)buf + done, len - done);
+    if (n > 0) {
+      done += (size_t)n;
+      continue;
+    }
+    if (done == 0)
+      return n;
+    if (n < 0 && n != -EAGAIN)
+      ts->rx_err = (int)n;
+    break;
+  }
+  return (ssize_t)done;
+}
+
 /* Completes what gnutls_record_send left: 0 when done, -EAGAIN, -errno. */
 static int
 tls_result(struct tls_session *ts, ssize_t r)
@@ -180,13 +304,12 @@ tls_result(struct tls_session *ts, ssize_t r)
   return 0;
 }
 
-/* Sends the record buffer (all of it, in as few records as the session
- * allows). more: another record follows at once. */
+/* Hands the record buffer to GnuTLS (all of it, in as few records as the
+ * session allows). Under gather. */
 static int
-tls_send_rec(struct tls_session *ts, bool more)
+tls_send_rec(struct tls_session *ts)
 {
   while (ts->rec_len > 0) {
-    ts->more = more;
     /* While pending, GnuTLS wants these very arguments again. */
     int r = tls_result(ts, gnutls_record_send(ts->s, ts->rec, ts->rec_len));
     if (r < 0)
@@ -195,19 +318,16 @@ tls_send_rec(struct tls_session *ts, bool more)
   return 0;
 }
 
+/* sendv's work, under gather. */
 static ssize_t
-tls_sendv(struct transport *t, const struct iovec *iov, int iovcnt,
-          int flags)
+tls_sendv_gather(struct tls_session *ts, const struct iovec *iov, int iovcnt,
+                 bool more_msg)
 {
-  struct tls_session *ts = t->priv;
-  bool more_msg = flags & TRANSPORT_SEND_MORE;
-  size_t total = 0, done = 0;
+  size_t done = 0;
   int r;
 
-  for (int i = 0; i < iovcnt; i++)
-    total += iov[i].iov_len;
   if (ts->pending) {
-    r = tls_send_rec(ts, total > 0 || more_msg);
+    r = tls_send_rec(ts);
     if (r < 0)
       return r;
   }
@@ -228,7 +348,7 @@ tls_sendv(struct transport *t, const struct iovec *iov, int iovcnt,
         done += k;
         if (ts->rec_len < ts->rec_max)
           continue;
-        r = tls_send_rec(ts, done < total || more_msg);
+        r = tls_send_rec(ts);
         if (r == -EAGAIN)
           return (ssize_t)done; /* GnuTLS holds the record */
         if (r < 0)
@@ -237,7 +357,6 @@ tls_sendv(struct transport *t, const struct iovec *iov, int iovcnt,
       }
       /* A whole record straight from the caller's memory. */
       size_t k = ts->rec_max;
-      ts->more = done + k < total || more_msg;
       ssize_t s = gnutls_record_send(ts->s, p, k);
       if (s == GNUTLS_E_AGAIN || s == GNUTLS_E_INTERRUPTED) {
         /* GnuTLS wants the same call repeated: keep a copy of the
@@ -256,23 +375,42 @@ tls_sendv(struct transport *t, const struct iovec *iov, int iovcnt,
       done += (size_t)s;
     }
   }
-  if (!more_msg && ts->rec_len > 0) {
-    r = tls_send_rec(ts, false);
+  if (!more_msg) {
+    /* The message is complete: its last records go to the socket now,
+     * as far as the socket takes them (flush does the rest). */
+    r = tls_send_rec(ts);
+    if (r == 0)
+      r = tls_tx_drain(ts, false);
     if (r < 0 && r != -EAGAIN)
       return r;
   }
   return (ssize_t)done;
 }
 
+static ssize_t
+tls_sendv(struct transport *t, const struct iovec *iov, int iovcnt,
+          int flags)
+{
+  struct tls_session *ts = t->priv;
+  ts->gather = true;
+  ssize_t r = tls_sendv_gather(ts, iov, iovcnt, flags & TRANSPORT_SEND_MORE);
+  ts->gather = false;
+  return r;
+}
+
 static int
 tls_flush(struct transport *t)
 {
   struct tls_session *ts = t->priv;
-  int r = tls_send_rec(ts, false);
+  ts->gather = true;
+  int r = tls_send_rec(ts);
+  ts->gather = false;
+  if (r == 0)
+    r = tls_tx_drain(ts, false);
   if (r < 0)
     return r;
   if (ts->held) {
-    /* A record went out with MSG_MORE and nothing followed: setting
+    /* Bytes went out with MSG_MORE and nothing followed: setting
      * TCP_NODELAY again pushes the kernel's queue (fails harmlessly on
      * Unix sockets, which ignore MSG_MORE anyway). */
     int one = 1;
@@ -286,7 +424,7 @@ static size_t
 tls_pending(struct transport *t)
 {
   struct tls_session *ts = t->priv;
-  return gnutls_record_check_pending(ts->s);
+  return gnutls_record_check_pending(ts->s) + (ts->rx_len - ts->rx_off);
 }
 
 static int
@@ -312,6 +450,8 @@ tls_session_free(struct tls_session *ts)
     gnutls_psk_free_client_credentials(ts->own_psk);
   if (ts->own_prio)
     gnutls_priority_deinit(ts->own_prio);
+  free(ts->rx);
+  free(ts->tx);
   free(ts);
 }
 
@@ -343,8 +483,15 @@ static struct tls_session *
 tls_session_new(int fd, unsigned flags, char *err, size_t errlen)
 {
   struct tls_session *ts = calloc(1, sizeof *ts);
-  if (ts == NULL) {
+  if (ts)
+    ts->rx = malloc(TLS_RX_BUF);
+  if (ts && ts->rx)
+    ts->tx = malloc(TLS_TX_BUF);
+  if (ts == NULL || ts->tx == NULL) {
     tls_err(err, errlen, "out of memory");
+    if (ts)
+      free(ts->rx);
+    free(ts);
     return NULL;
   }
   int r = gnutls_init(&ts->s, flags | GNUTLS_NONBLOCK | GNUTLS_NO_SIGNAL);

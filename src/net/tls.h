@@ -14,15 +14,25 @@
  *   buffer, so that a header and the data that follows leave as one
  *   record. Without it, sendv ends by sending that partial record.
  * - A byte counts as sent (is included in sendv's result) once GnuTLS or
- *   the record buffer holds it; the caller may then reuse its memory.
- *   When the socket is full, GnuTLS keeps an encrypted record that must be
- *   pushed again before anything else: the transport remembers that, and
- *   the next sendv or flush completes it first (-EAGAIN while it cannot).
- * - flush pushes the pending record and the record buffer; 0 when all is
- *   on the socket, -EAGAIN while the socket is full (call again on
- *   EPOLLOUT), -errno when the session is dead.
- * - recv returns decrypted bytes; pending() counts decrypted bytes GnuTLS
- *   holds that epoll cannot see.
+ *   the transport holds it; the caller may then reuse its memory.
+ * - Encrypted records are gathered in a send buffer inside the transport
+ *   and leave several per send(2); the buffer goes to the socket when the
+ *   next record would not fit and when a message ends (sendv without
+ *   SEND_MORE), as far as the socket takes it.
+ * - When the send buffer is full and the socket too, GnuTLS keeps an
+ *   encrypted record that must be pushed again before anything else: the
+ *   transport remembers that, and the next sendv or flush completes it
+ *   first (-EAGAIN while it cannot).
+ * - flush pushes the pending record, the record buffer and the send
+ *   buffer; 0 when all is on the socket, -EAGAIN while the socket is full
+ *   (call again on EPOLLOUT), -errno when the session is dead.
+ * - recv reads the socket in large chunks into a receive buffer inside
+ *   the transport and returns decrypted bytes, as many records' worth as
+ *   have arrived and fit. pending() counts what epoll cannot see: the
+ *   decrypted bytes GnuTLS holds and the received bytes in that buffer.
+ *   After recv returned -EAGAIN, the receive buffer is empty; a caller
+ *   that stops reading earlier must come back while pending() > 0. The
+ *   handshake may leave bytes there too: read before waiting on epoll.
  * Threads: one thread may receive while another sends (under the caller's
  * lock); the handshake must finish before either starts. */
 #ifndef NBDFLOW_NET_TLS_H
