@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Turns one bench/run's raw rows into REPORT.md. Standard library only.
 
-  report.py RAWDIR REPORT
+  report.py RAWDIR [RAWDIR...] REPORT
 
-RAWDIR holds results.tsv (one row per measurement, see bench/run's
+Several RAWDIRs (e.g. one run of the loopback sections and one of the
+link sections) are combined: rows are concatenated, and machine entries
+that differ are listed side by side, separated by " / ". Each RAWDIR holds
+results.tsv (one row per measurement, see bench/run's
 record()), meta.tsv (key, value) and commands.tsv (key, command)."""
 import os
 import statistics
@@ -381,10 +384,20 @@ def section_notes(out, rows):
 
 
 def main(argv):
-    if len(argv) != 3:
+    if len(argv) < 3:
         sys.exit(__doc__)
-    rawdir, report = argv[1], argv[2]
-    rows, meta, cmds = load(rawdir)
+    report = argv[-1]
+    rows, meta, cmds = [], [], []
+    for rawdir in argv[1:-1]:
+        r, m1, c = load(rawdir)
+        rows += r
+        cmds += [kv for kv in c if kv not in cmds]
+        for k, v in m1:
+            old = [i for i, (k0, _) in enumerate(meta) if k0 == k]
+            if not old:
+                meta.append((k, v))
+            elif v not in meta[old[0]][1].split(" / "):
+                meta[old[0]] = (k, meta[old[0]][1] + " / " + v)
     m = dict(meta)
     out = ["# nbdflow benchmark report", ""]
     out.append("Written by `bench/run` on %s, commit `%s`, in %s s. "
