@@ -4,6 +4,7 @@
 #include "copy/endpoint.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -315,6 +316,29 @@ static const struct endpoint_ops nbd_ops = {
   .sample_tcp = nbd_sample_tcp,
 };
 
+/* One connection's handshake, run on its own thread so that the
+ * connections after the first do not pay their round trips one after
+ * another (4 to 5 each: on a 50 ms link, 0.2 s per connection). */
+struct nbd_connect_job {
+  struct nbd_slot *s;
+  const struct nbd_uri *uri;
+  const struct client_opts *co;
+  int r;
+  pthread_t thread;
+  bool threaded;
+};
+
+static void *
+nbd_connect_thread(void *arg)
+{
+  struct nbd_connect_job *j = arg;
+  j->r = client_connect(&j->s->c, j->uri, j->co);
+  return NULL;
+}
+
+/* Connects slot 0 first (it tells whether the server allows several
+ * connections, which sets the automatic count), then every other slot in
+ * parallel; then registers them all with the loop, in slot order. */
 static int
 nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
                 size_t errlen)
@@ -325,28 +349,51 @@ nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
                             .want_allocation = !o->write,
                             .timeout_ms = 30000, .nagle = o->nagle,
                             .split_writes = o->split_writes };
+  p->slots[0].e = e;
+  int r = client_connect(&p->slots[0].c, &p->uri, &co);
+  if (r < 0) {
+    snprintf(err, errlen, "%s: %s", e->name, p->slots[0].c.errmsg);
+    return r;
+  }
+  if (o->connections == 0 &&
+      (p->slots[0].c.info.tflags & NBD_FLAG_CAN_MULTI_CONN)) {
+    /* Grow to the automatic count now that multi-conn is known. */
+    struct nbd_slot *ns = realloc(p->slots, ENDPOINT_AUTO_CONNECTIONS *
+                                              sizeof *ns);
+    if (ns == NULL)
+      return -ENOMEM;
+    p->slots = ns;
+    memset(ns + 1, 0, (ENDPOINT_AUTO_CONNECTIONS - 1) * sizeof *ns);
+    for (unsigned k = 1; k < ENDPOINT_AUTO_CONNECTIONS; k++)
+      ns[k].c.fd = -1;
+    p->n = ENDPOINT_AUTO_CONNECTIONS;
+  }
+  struct nbd_connect_job *jobs = calloc(p->n, sizeof *jobs);
+  if (jobs == NULL)
+    return -ENOMEM;
+  for (unsigned i = 1; i < p->n; i++) {
+    jobs[i] = (struct nbd_connect_job){ .s = &p->slots[i], .uri = &p->uri,
+                                        .co = &co };
+    p->slots[i].e = e;
+    jobs[i].threaded = pthread_create(&jobs[i].thread, NULL,
+                                      nbd_connect_thread, &jobs[i]) == 0;
+    if (!jobs[i].threaded)
+      nbd_connect_thread(&jobs[i]); /* no thread: connect here */
+  }
+  r = 0;
+  for (unsigned i = 1; i < p->n; i++) {
+    if (jobs[i].threaded)
+      pthread_join(jobs[i].thread, NULL);
+    if (jobs[i].r < 0 && r == 0) {
+      snprintf(err, errlen, "%s: %s", e->name, p->slots[i].c.errmsg);
+      r = jobs[i].r;
+    }
+  }
+  free(jobs);
+  if (r < 0)
+    return r;
   for (unsigned i = 0; i < p->n; i++) {
     struct nbd_slot *s = &p->slots[i];
-    s->e = e;
-    int r = client_connect(&s->c, &p->uri, &co);
-    if (r < 0) {
-      snprintf(err, errlen, "%s: %s", e->name, s->c.errmsg);
-      return r;
-    }
-    if (i == 0 && o->connections == 0 &&
-        (s->c.info.tflags & NBD_FLAG_CAN_MULTI_CONN)) {
-      /* Grow to the automatic count now that multi-conn is known. */
-      struct nbd_slot *ns = realloc(p->slots, ENDPOINT_AUTO_CONNECTIONS *
-                                                sizeof *ns);
-      if (ns == NULL)
-        return -ENOMEM;
-      p->slots = ns;
-      memset(ns + 1, 0, (ENDPOINT_AUTO_CONNECTIONS - 1) * sizeof *ns);
-      for (unsigned k = 1; k < ENDPOINT_AUTO_CONNECTIONS; k++)
-        ns[k].c.fd = -1;
-      p->n = ENDPOINT_AUTO_CONNECTIONS;
-      s = &p->slots[0];
-    }
     if (i > 0 && s->c.info.size != p->slots[0].c.info.size) {
       snprintf(err, errlen, "%s: connections disagree on the export size",
                e->name);

@@ -40,7 +40,15 @@ kit_start () {
     done
     KURI=nbd://127.0.0.1:$port
 }
-kit_stop () { kill "$KPID" 2>/dev/null; wait "$KPID" 2>/dev/null || true; }
+# Stops it, and forgets it: the exit cleanup must not trip over a pid
+# that is gone.
+kit_stop () {
+    local p keep=()
+    kill "$KPID" 2>/dev/null
+    wait "$KPID" 2>/dev/null || true
+    for p in "${SERVER_PIDS[@]}"; do [ "$p" = "$KPID" ] || keep+=("$p"); done
+    SERVER_PIDS=("${keep[@]}")
+}
 
 # traced NAME SRC COPY-OPTIONS...: one traced copy into a fresh nbdkit;
 # JSON report in $TMP/NAME.json, trace in $TMP/NAME.st, and the copy must

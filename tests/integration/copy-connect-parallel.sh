@@ -1,0 +1,67 @@
+#!/bin/bash
+# copy-connect-parallel.sh: with several connections, the first one is
+# made alone (it tells whether the server allows more), the others in
+# parallel, each from its own thread (seen with strace -f); the copy lands
+# byte for byte; and a refused extra connection fails the copy with one
+# line naming the endpoint, never a hang.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+need nbdkit
+need strace
+tmpdir_make
+strace -f -qq -o /dev/null true 2>/dev/null ||
+    skip "strace cannot trace here (ptrace not permitted)"
+
+"$NBDFLOW" copy random:8M:11 "$TMP/want.img" || fail "cannot expand the source"
+
+# nbdkit's memory plugin advertises multi-conn: 4 connections by default.
+PORT=$(free_port) || fail "no free port"
+nbdkit -f -i 127.0.0.1 -p "$PORT" memory 8M >>"$TMP/kit.log" 2>&1 &
+KPID=$!
+SERVER_PIDS+=("$KPID")
+for i in $(seq 100); do
+    nbdinfo --size "nbd://127.0.0.1:$PORT" >/dev/null 2>&1 && break
+    sleep 0.1
+done
+check "copy over 4 connections" strace -f -qq -e trace=connect \
+    -o "$TMP/connect.st" "$NBDFLOW" copy --json random:8M:11 \
+    "nbd://127.0.0.1:$PORT/" >"$TMP/copy.json"
+check "read the export back" "$NBDFLOW" copy "nbd://127.0.0.1:$PORT/" \
+    "$TMP/back.img"
+same "$TMP/want.img" "$TMP/back.img"
+python3 - "$TMP/connect.st" "$PORT" "$TMP/copy.json" <<'PY' ||
+import json, re, sys
+port = "htons(%s)" % sys.argv[2]
+tids = [int(l.split()[0]) for l in open(sys.argv[1])
+        if "connect(" in l and port in l]
+rep = json.load(open(sys.argv[3]))
+assert rep["connections"]["destination"] == 4, rep["connections"]
+assert len(tids) == 4, "expected 4 connects, saw %d" % len(tids)
+first, rest = tids[0], tids[1:]
+assert first not in rest, "a later connection ran on the first's thread"
+assert len(set(rest)) == 3, "later connections shared threads: %s" % rest
+PY
+    fail "connections were not made in parallel: $(cat "$TMP/connect.st")"
+note "ok: connections 2-4 were made in parallel, each on its own thread"
+
+# A server that takes two connections: the copy asks for four and must
+# fail cleanly, naming the endpoint.
+serve_tcp --max-connections 2 memory:8M
+rc=0
+timeout 60 "$NBDFLOW" copy random:8M:11 "$URI/" 2>"$TMP/err" || rc=$?
+[ "$rc" = 1 ] || fail "expected exit 1 when connections 3 and 4 are refused, got $rc: $(cat "$TMP/err")"
+grep -q "nbd://127.0.0.1:$PORT/" "$TMP/err" ||
+    fail "error does not name the endpoint: $(cat "$TMP/err")"
+note "ok: a refused extra connection fails the copy: $(tail -1 "$TMP/err")"
+# Two connections fit, and that copy lands.
+check "copy over 2 connections" "$NBDFLOW" copy --connections 2 \
+    random:8M:11 "$URI/"
+check "read back" "$NBDFLOW" copy --connections 2 "$URI/" "$TMP/back2.img"
+same "$TMP/want.img" "$TMP/back2.img"
+serve_stop
+# The exit cleanup kills what is left in SERVER_PIDS and, under set -e,
+# must not meet a pid that is gone: forget the stopped server, stop nbdkit.
+kill "$KPID" 2>/dev/null || true
+wait "$KPID" 2>/dev/null || true
+SERVER_PIDS=()
+echo "PASS: parallel connections, verified; a refused one fails cleanly"
