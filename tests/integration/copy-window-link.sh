@@ -1,0 +1,58 @@
+#!/bin/bash
+# copy-window-link.sh: over an emulated 1 Gbit/s, 50 ms link (bench/linkem,
+# namespaces of its own), the adaptive window of nbdflow copy is about
+# 2 x bandwidth x RTT, not that plus the 8-request floor: the sum overfills
+# a router queue of one BDP and loses segments. Asserts the final window
+# (JSON window_bytes) lies between the floor and 2 x the link's BDP plus
+# 15%, and that the copy lands (xxh128 of the export read back inside the
+# server's namespace). No timing is asserted. Needs root; skips otherwise.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+LINKEM=${LINKEM:-$(dirname "$NBDFLOW")/bench/nbdflow-linkem}
+UP=$REPO_DIR/bench/linkem/netns-up.sh
+DOWN=$REPO_DIR/bench/linkem/netns-down.sh
+[ "$(id -u)" = 0 ] || skip "needs root to create network namespaces"
+[ -c /dev/net/tun ] || skip "no /dev/net/tun"
+need ip iproute2
+need ping iputils-ping
+need nbdkit
+[ -x "$LINKEM" ] || skip "emulator not built: $LINKEM"
+
+NS_A=nbdflow-wa$$
+NS_B=nbdflow-wb$$
+NET=10.199.6
+tmpdir_make
+on_exit "'$DOWN' --ns-a $NS_A --ns-b $NS_B >/dev/null 2>&1"
+"$UP" --ns-a "$NS_A" --ns-b "$NS_B" --net $NET --start "$LINKEM" \
+    --rtt-ms 50 -- --rate 1gbit >"$TMP/up.log" 2>&1 ||
+    fail "netns-up.sh failed: $(tail -3 "$TMP/up.log")"
+
+ip netns exec "$NS_B" nbdkit -f -i $NET.2 -p 10809 memory 256M \
+    >"$TMP/kit.log" 2>&1 &
+for i in $(seq 100); do
+    [ -n "$(ip netns exec "$NS_B" ss -Hltn 'sport = :10809')" ] && break
+    sleep 0.1
+done
+check "copy 256 MiB over the 50 ms link" ip netns exec "$NS_A" \
+    "$NBDFLOW" copy --json random:256M:5 "nbd://$NET.2:10809/" \
+    >"$TMP/copy.json"
+want=$("$NBDFLOW" sum --algo xxh128 random:256M:5 | cut -d' ' -f1)
+got=$(ip netns exec "$NS_B" "$NBDFLOW" sum --algo xxh128 \
+    "nbd://$NET.2:10809/" | cut -d' ' -f1)
+[ -n "$want" ] && [ "$want" = "$got" ] ||
+    fail "the export's xxh128 $got differs from the source's $want"
+note "ok: the copy landed (xxh128 $got)"
+
+python3 - "$TMP/copy.json" <<'PY' || fail "window out of bounds: $(cat "$TMP/copy.json")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+w, rs = r["window_bytes"], r["request_size"]
+bdp = 1e9 / 8 * 0.050
+floor = 8 * rs
+print("window %d bytes, floor %d, 2 x BDP %d" % (w, floor, 2 * bdp))
+assert w >= floor, "window below the floor"
+assert w <= max(floor, 2 * bdp * 1.15), "window above 2 x BDP (+15%)"
+PY
+note "ok: the adaptive window stays near 2 x BDP"
+echo "PASS: adaptive window on a 50 ms link, copy verified"
