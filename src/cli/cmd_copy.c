@@ -33,7 +33,7 @@ copy_usage(FILE *f)
     "sparse:SIZE[:PERIOD[:DATA]].\n\n"
     "  --connections N        NBD connections per endpoint (default: %d when\n"
     "                         the server advertises multi-conn, else 1)\n"
-    "  --request-size SIZE    largest read/write (default 1M)\n"
+    "  --request-size SIZE    largest read/write (default 512K)\n"
     "  --inflight SIZE        bytes in flight (default: adaptive, 2 x\n"
     "                         bandwidth x RTT, at least 8 requests, cap 256M)\n"
     "  --allocated            write every byte, zeroes included\n"

@@ -24,7 +24,7 @@
 #include "util/hash.h"
 
 /* Defaults and limits (documented in docs/copy.md). */
-#define COPY_DEFAULT_REQUEST (1u << 20)
+#define COPY_DEFAULT_REQUEST (512u << 10)
 #define COPY_WINDOW_FLOOR_REQUESTS 8      /* adaptive window floor */
 #define COPY_WINDOW_CAP (UINT64_C(256) << 20) /* adaptive window cap */
 #define COPY_MAX_ZERO_INFLIGHT 16
