@@ -36,8 +36,24 @@ say "== serving it: $NBDFLOW serve --unix $sock --read-only demo=$src"
 
 dst=$work/copy.img
 if "$NBDFLOW" copy --help >/dev/null 2>&1; then
-  say "== copying with: nbdflow copy --json $uri $dst"
-  "$NBDFLOW" copy --json "$uri" "$dst" | tee "$work/report.json"
+  say "== copying with: nbdflow copy --verify --json $uri $dst"
+  "$NBDFLOW" copy --verify --json "$uri" "$dst" >"$work/report.json"
+  python3 - "$work/report.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+mib = lambda n: n / 1048576
+print(f"report: {mib(r['bytes_total']):.0f} MiB image: "
+      f"{mib(r['bytes_copied']):.0f} MiB of data copied, "
+      f"{mib(r['bytes_zeroed']):.0f} MiB zeroed, "
+      f"{mib(r['bytes_skipped']):.0f} MiB of holes skipped")
+print(f"report: {r['seconds']:.2f} s, {r['mib_per_s']:.0f} MiB/s, "
+      f"{r['requests']} requests, {r['connections']['source']} source "
+      f"connection(s), up to {r['peak_depth']} requests in flight, "
+      f"verified by read-back: {'yes' if r['verified'] else 'no'}")
+print("report (JSON): " + json.dumps(r))
+PY
+  say "== checksum of the export, read over NBD: nbdflow sum --algo sha256"
+  "$NBDFLOW" sum --algo sha256 "$uri"
 else
   say "== nbdflow copy is not built yet; copying with nbdcopy"
   start=$(date +%s.%N)
