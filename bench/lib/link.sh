@@ -1,5 +1,5 @@
 # bench/lib/link.sh: the sections matrix, rtt and tls of bench/run (issue
-# 5). Sourced by bench/run after its helpers; uses record, note_cmd, say,
+# 5). Sourced by bench/run after its shell functions; uses record, note_cmd, say,
 # server_stop, SRV_PID/SRV_PIDS, RAW, W, NBDFLOW, LIB and the knobs below.
 #
 # matrix and rtt run over the link emulator (bench/linkem): the client in
@@ -285,7 +285,7 @@ section_rtt() {
 # ---- tls: TLS pairs on loopback --------------------------------------------
 
 # tls_pki DIR: X.509 (CA, server, client) in DIR/pki and a PSK file
-# DIR/keys.psk for user "bench", with the helpers of the TLS tests.
+# DIR/keys.psk for user "bench", with the functions of the TLS tests.
 tls_pki() {
   local dir=$1
   TLS_ERR=""
