@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "net/loop.h"
+#include "util/zero.h"
 #include "util/uri.h"
 
 #define FILE_SPARSE_BLOCK 4096
@@ -159,17 +160,6 @@ file_pwrite_all(int fd, const uint8_t *buf, size_t len, uint64_t off,
   return 0;
 }
 
-static bool
-file_block_is_zero(const uint8_t *p, size_t len)
-{
-  if (len < 16)
-    return p[0] == 0 && memcmp(p, p + 1, len - 1) == 0;
-  for (size_t i = 0; i < 16; i++)
-    if (p[i])
-      return false;
-  return memcmp(p, p + 16, len - 16) == 0;
-}
-
 /* Writes into a file known to read as zeroes, skipping zero blocks, so
  * that the destination stays sparse. */
 static int
@@ -180,7 +170,7 @@ file_write_sparse(int fd, const uint8_t *buf, size_t len, uint64_t off)
     size_t blk = FILE_SPARSE_BLOCK - (size_t)((off + i) % FILE_SPARSE_BLOCK);
     if (blk > len - i)
       blk = len - i;
-    if (file_block_is_zero(buf + i, blk)) {
+    if (buf_is_zero(buf + i, blk)) {
       i += blk;
       continue;
     }
@@ -189,7 +179,7 @@ file_write_sparse(int fd, const uint8_t *buf, size_t len, uint64_t off)
       blk = FILE_SPARSE_BLOCK - (size_t)((off + i) % FILE_SPARSE_BLOCK);
       if (blk > len - i)
         blk = len - i;
-      if (file_block_is_zero(buf + i, blk))
+      if (buf_is_zero(buf + i, blk))
         break;
       i += blk;
     }

@@ -10,6 +10,7 @@
 #include <xxhash.h>
 
 #include "net/loop.h"
+#include "util/zero.h"
 #include "util/log.h"
 #include "util/size.h"
 
@@ -110,19 +111,6 @@ static uint64_t
 eng_min(uint64_t a, uint64_t b)
 {
   return a < b ? a : b;
-}
-
-static bool
-eng_is_zero(const uint8_t *p, size_t len)
-{
-  if (len == 0)
-    return true;
-  if (len < 16)
-    return p[0] == 0 && memcmp(p, p + 1, len - 1) == 0;
-  for (size_t i = 0; i < 16; i++)
-    if (p[i])
-      return false;
-  return memcmp(p, p + 16, len - 16) == 0;
 }
 
 /* Records the first failure; later ones are consequences and stay quiet. */
@@ -375,7 +363,7 @@ eng_read_done(struct engine *e, struct cop *c)
     }
   }
   if (!e->o->allocated && !e->o->no_zero_detect &&
-      eng_is_zero(c->buf, (size_t)c->length))
+      buf_is_zero(c->buf, (size_t)c->length))
     c->zero = true;
   eng_ready(e, c);
 }

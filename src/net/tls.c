@@ -226,6 +226,22 @@ tls_errno(int r)
   }
 }
 
+/* The priority string both ends use: TLS 1.2 and 1.3, AEAD ciphers with
+ * AES-GCM first, plus the PSK key exchanges when psk. On failure *prio is
+ * NULL, err says why, and the result is -EINVAL. */
+static int
+tls_priority(gnutls_priority_t *prio, bool psk, char *err, size_t errlen)
+{
+  const char *s = psk ? TLS_PRIO_BASE TLS_PRIO_PSK : TLS_PRIO_BASE;
+  int r = gnutls_priority_init(prio, s, NULL);
+  if (r < 0) {
+    *prio = NULL;
+    tls_err(err, errlen, "TLS priority \"%s\": %s", s, gnutls_strerror(r));
+    return -EINVAL;
+  }
+  return 0;
+}
+
 /* ---- the transport ---- */
 
 /* One record's worth (or less) of plaintext. */
@@ -740,15 +756,9 @@ tls_creds_server_new(const struct tls_server_config *cfg,
       goto fail;
     }
   }
-  const char *prio = cfg->psk_file ? TLS_PRIO_BASE TLS_PRIO_PSK
-                                   : TLS_PRIO_BASE;
-  r = gnutls_priority_init(&c->prio, prio, NULL);
-  if (r < 0) {
-    c->prio = NULL;
-    tls_err(err, errlen, "TLS priority \"%s\": %s", prio, gnutls_strerror(r));
-    r = -EINVAL;
+  r = tls_priority(&c->prio, cfg->psk_file != NULL, err, errlen);
+  if (r < 0)
     goto fail;
-  }
   *out = c;
   return 0;
 fail:
@@ -954,15 +964,9 @@ tls_client_start(struct transport *t, const struct tls_client_config *cfg,
 
   if (ts == NULL)
     return -ENOMEM;
-  const char *prio = cfg->psk_file ? TLS_PRIO_BASE TLS_PRIO_PSK
-                                   : TLS_PRIO_BASE;
-  r = gnutls_priority_init(&ts->own_prio, prio, NULL);
-  if (r < 0) {
-    ts->own_prio = NULL;
-    tls_err(err, errlen, "TLS priority \"%s\": %s", prio, gnutls_strerror(r));
-    r = -EINVAL;
+  r = tls_priority(&ts->own_prio, cfg->psk_file != NULL, err, errlen);
+  if (r < 0)
     goto fail;
-  }
   gnutls_priority_set(ts->s, ts->own_prio);
   r = tls_client_creds(ts, cfg, err, errlen);
   if (r < 0)
