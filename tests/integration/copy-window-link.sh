@@ -9,15 +9,8 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
-LINKEM=${LINKEM:-$(dirname "$NBDFLOW")/bench/nbdflow-linkem}
-UP=$REPO_DIR/bench/linkem/netns-up.sh
-DOWN=$REPO_DIR/bench/linkem/netns-down.sh
-[ "$(id -u)" = 0 ] || skip "needs root to create network namespaces"
-[ -c /dev/net/tun ] || skip "no /dev/net/tun"
-need ip iproute2
-need ping iputils-ping
+linkem_prereqs
 need nbdkit
-[ -x "$LINKEM" ] || skip "emulator not built: $LINKEM"
 
 NS_A=nbdflow-wa$$
 NS_B=nbdflow-wb$$

@@ -264,3 +264,19 @@ forget_pid () {
     for p in "${SERVER_PIDS[@]}"; do [ "$p" = "$1" ] || keep+=("$p"); done
     SERVER_PIDS=("${keep[@]}")
 }
+
+# ---- The link emulator ------------------------------------------------------
+
+# linkem_prereqs: sets LINKEM, UP and DOWN (the emulator and its netns
+# scripts) and skips loudly unless root, /dev/net/tun, iproute2, ping and a
+# built emulator are all there.
+linkem_prereqs () {
+    LINKEM=${LINKEM:-$(dirname "$NBDFLOW")/bench/nbdflow-linkem}
+    UP=$REPO_DIR/bench/linkem/netns-up.sh
+    DOWN=$REPO_DIR/bench/linkem/netns-down.sh
+    [ "$(id -u)" = 0 ] || skip "needs root to create network namespaces"
+    [ -c /dev/net/tun ] || skip "no /dev/net/tun"
+    need ip iproute2
+    need ping iputils-ping
+    [ -x "$LINKEM" ] || skip "emulator not built: $LINKEM"
+}

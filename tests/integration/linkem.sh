@@ -7,16 +7,8 @@
 # iproute2, iputils-ping and python3; skips otherwise.
 . "$(dirname "$0")/lib.sh"
 
-LINKEM=${LINKEM:-$(dirname "$NBDFLOW")/bench/nbdflow-linkem}
-UP=$REPO_DIR/bench/linkem/netns-up.sh
-DOWN=$REPO_DIR/bench/linkem/netns-down.sh
-
-[ "$(id -u)" = 0 ] || skip "needs root to create network namespaces"
-[ -c /dev/net/tun ] || skip "no /dev/net/tun"
-need ip iproute2
-need ping iputils-ping
+linkem_prereqs
 need python3
-[ -x "$LINKEM" ] || skip "emulator not built: $LINKEM"
 
 # Our own namespaces, named after this test's PID so that a benchmark
 # running at the same time keeps its own.
