@@ -280,3 +280,20 @@ linkem_prereqs () {
     need ping iputils-ping
     [ -x "$LINKEM" ] || skip "emulator not built: $LINKEM"
 }
+
+# ---- Failed copies -----------------------------------------------------------
+
+# check_copy_failed NAME RC TEXT: a copy that exited RC with its stdout in
+# $TMP/out and stderr in $TMP/err must have failed cleanly: non-zero exit,
+# exactly one error line naming an offset, a length and TEXT (a regular
+# expression, may be empty), and no report printed.
+check_copy_failed () {
+    local name=$1 rc=$2 text=$3
+    [ "$rc" -ne 0 ] || fail "$name: exited 0"
+    [ "$(grep -c 'error' "$TMP/err")" -eq 1 ] ||
+        fail "$name: expected one error line, got: $(cat "$TMP/err")"
+    grep -q "offset [0-9]* length [0-9]*${text:+: .*$text}" "$TMP/err" ||
+        fail "$name: message lacks offset/length/'$text': $(cat "$TMP/err")"
+    [ ! -s "$TMP/out" ] || fail "$name: printed a report on failure"
+    note "ok: $name: $(cat "$TMP/err")"
+}
