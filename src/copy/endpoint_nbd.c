@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,9 +19,12 @@
 
 #define NBD_STATUS_BATCH 1024
 
+struct nbd_connect_job;
+
 struct nbd_slot {
   struct client_conn c;
   struct endpoint *e;
+  bool live;       /* connected and in the loop: only then is c ours */
   bool registered;
   bool want_out; /* EPOLLOUT currently requested */
   bool tcp;
@@ -29,8 +33,11 @@ struct nbd_slot {
 
 struct nbd_priv {
   struct nbd_uri uri;
-  unsigned n;
+  struct client_opts co;  /* read by connecting threads */
+  unsigned n;             /* slots, live or still connecting */
   struct nbd_slot *slots;
+  struct nbd_connect_job *jobs; /* one per slot; [0] unused */
+  unsigned connecting;    /* jobs not yet joined */
   bool no_fast_zero;      /* FAST_ZERO was refused once: stop trying */
   struct client_extent status[NBD_STATUS_BATCH]; /* the one EXTENTS op */
   struct client_req *flush_reqs; /* one per connection */
@@ -97,13 +104,18 @@ nbd_status_done(struct ep_op *op, struct nbd_priv *p)
   }
 }
 
+static void nbd_join_ready(struct endpoint *e);
+
 static struct nbd_slot *
-nbd_pick(struct nbd_priv *p)
+nbd_pick(struct endpoint *e)
 {
+  struct nbd_priv *p = e->priv;
   struct nbd_slot *best = NULL;
+  if (p->connecting)
+    nbd_join_ready(e);
   for (unsigned i = 0; i < p->n; i++) {
     struct nbd_slot *s = &p->slots[i];
-    if (s->c.fatal)
+    if (!s->live || s->c.fatal)
       continue;
     if (best == NULL || s->c.inflight_bytes < best->c.inflight_bytes ||
         (s->c.inflight_bytes == best->c.inflight_bytes &&
@@ -170,6 +182,8 @@ nbd_submit_flush(struct endpoint *e, struct ep_op *op)
     struct client_req *r = &p->flush_reqs[i];
     *r = (struct client_req){ .type = NBD_CMD_FLUSH, .done = nbd_flush_done,
                               .arg = s };
+    if (!s->live)
+      continue; /* still connecting: it carried no writes */
     if (s->c.fatal) {
       if (!p->flush_err)
         p->flush_err = s->c.fatal;
@@ -195,7 +209,7 @@ nbd_submit(struct endpoint *e, struct ep_op *op)
   struct nbd_priv *p = e->priv;
   if (op->type == EP_FLUSH)
     return nbd_submit_flush(e, op);
-  struct nbd_slot *s = nbd_pick(p);
+  struct nbd_slot *s = nbd_pick(e);
   if (s == NULL)
     return -p->slots[0].c.fatal;
   struct client_req *r = &op->req;
@@ -235,16 +249,20 @@ nbd_submit(struct endpoint *e, struct ep_op *op)
   return err;
 }
 
+static void nbd_join_all(struct endpoint *e);
+
 static void
 nbd_close(struct endpoint *e)
 {
   struct nbd_priv *p = e->priv;
+  nbd_join_all(e); /* a short copy can end before every handshake did */
   for (unsigned i = 0; p->slots && i < p->n; i++) {
     struct nbd_slot *s = &p->slots[i];
     if (s->registered)
       loop_del(e->env->loop, s->c.fd);
     client_close(&s->c);
   }
+  free(p->jobs);
   free(p->slots);
   free(p->flush_reqs);
   uri_free(&p->uri);
@@ -316,41 +334,109 @@ static const struct endpoint_ops nbd_ops = {
   .sample_tcp = nbd_sample_tcp,
 };
 
-/* One connection's handshake, run on its own thread so that the
- * connections after the first do not pay their round trips one after
- * another (4 to 5 each: on a 50 ms link, 0.2 s per connection). */
+/* The connections after the first connect on threads of their own while
+ * the copy already runs on the first: on a 50 ms link each handshake
+ * costs 3 round trips, 150 ms that the first connection now spends
+ * sending. The loop thread joins a finished connection the next time it
+ * picks one for a request; a connection that fails to join is dropped
+ * with a warning, and the copy goes on with the others. */
 struct nbd_connect_job {
   struct nbd_slot *s;
-  const struct nbd_uri *uri;
-  const struct client_opts *co;
+  struct nbd_priv *p;
   int r;
   pthread_t thread;
-  bool threaded;
+  bool started;      /* thread created, not yet joined */
+  atomic_bool done;  /* set by the thread as its last act */
 };
 
 static void *
 nbd_connect_thread(void *arg)
 {
   struct nbd_connect_job *j = arg;
-  j->r = client_connect(&j->s->c, j->uri, j->co);
+  j->r = client_connect(&j->s->c, &j->p->uri, &j->p->co);
+  atomic_store_explicit(&j->done, true, memory_order_release);
   return NULL;
 }
 
-/* Connects slot 0 first (it tells whether the server allows several
- * connections, which sets the automatic count), then every other slot in
- * parallel; then registers them all with the loop, in slot order. */
+/* Loop thread: puts a connected slot into the loop. */
+static int
+nbd_register(struct endpoint *e, struct nbd_slot *s)
+{
+  int r = loop_add(e->env->loop, s->c.fd, EPOLLIN, nbd_on_fd, s);
+  if (r < 0)
+    return r;
+  s->registered = true;
+  s->live = true;
+  s->tcp = sock_is_tcp(s->c.fd);
+  tcpinfo_init(&s->ti);
+  if (s->tcp)
+    tcpinfo_sample(&s->ti, s->c.fd); /* baseline for the counters */
+  return 0;
+}
+
+/* Loop thread: joins connect job i, whose thread has finished. */
+static void
+nbd_join_one(struct endpoint *e, unsigned i)
+{
+  struct nbd_priv *p = e->priv;
+  struct nbd_connect_job *j = &p->jobs[i];
+  struct nbd_slot *s = &p->slots[i];
+  int r = j->r;
+  pthread_join(j->thread, NULL);
+  j->started = false;
+  p->connecting--;
+  if (r == 0 && s->c.info.size != p->slots[0].c.info.size) {
+    snprintf(s->c.errmsg, sizeof s->c.errmsg, "export size %llu differs "
+             "from the first connection's %llu",
+             (unsigned long long)s->c.info.size,
+             (unsigned long long)p->slots[0].c.info.size);
+    r = -EPROTO;
+  }
+  if (r == 0 && (r = nbd_register(e, s)) < 0)
+    snprintf(s->c.errmsg, sizeof s->c.errmsg, "event loop: %s",
+             strerror(-r));
+  if (r < 0) {
+    log_warn("%s: connection %u of %u failed, going on without it: %s",
+             e->name, i + 1, p->n, s->c.errmsg);
+    client_close(&s->c);
+  } else {
+    e->connections++;
+  }
+}
+
+static void
+nbd_join_ready(struct endpoint *e)
+{
+  struct nbd_priv *p = e->priv;
+  for (unsigned i = 1; i < p->n; i++)
+    if (p->jobs[i].started &&
+        atomic_load_explicit(&p->jobs[i].done, memory_order_acquire))
+      nbd_join_one(e, i);
+}
+
+static void
+nbd_join_all(struct endpoint *e)
+{
+  struct nbd_priv *p = e->priv;
+  for (unsigned i = 1; p->jobs && i < p->n; i++)
+    if (p->jobs[i].started)
+      nbd_join_one(e, i);
+}
+
+/* Connects slot 0 (it tells whether the server allows several
+ * connections, which sets the automatic count), then starts the others. */
 static int
 nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
                 size_t errlen)
 {
   struct nbd_priv *p = e->priv;
-  struct client_opts co = { .export_name = p->uri.export_name,
-                            .want_structured = true,
-                            .want_allocation = !o->write,
-                            .timeout_ms = 30000, .nagle = o->nagle,
-                            .split_writes = o->split_writes };
+  p->co = (struct client_opts){ .export_name = p->uri.export_name,
+                                .want_structured = true,
+                                .want_allocation = !o->write,
+                                .timeout_ms = 30000, .nagle = o->nagle,
+                                .split_writes = o->split_writes };
   p->slots[0].e = e;
-  int r = client_connect(&p->slots[0].c, &p->uri, &co);
+  int r = client_connect(&p->slots[0].c, &p->uri, &p->co);
   if (r < 0) {
     snprintf(err, errlen, "%s: %s", e->name, p->slots[0].c.errmsg);
     return r;
@@ -368,47 +454,27 @@ nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
       ns[k].c.fd = -1;
     p->n = ENDPOINT_AUTO_CONNECTIONS;
   }
-  struct nbd_connect_job *jobs = calloc(p->n, sizeof *jobs);
-  if (jobs == NULL)
+  /* The slots never move again: threads and the loop hold pointers. */
+  if ((r = nbd_register(e, &p->slots[0])) < 0) {
+    snprintf(err, errlen, "%s: event loop: %s", e->name, strerror(-r));
+    return r;
+  }
+  p->jobs = calloc(p->n, sizeof *p->jobs);
+  if (p->jobs == NULL)
     return -ENOMEM;
   for (unsigned i = 1; i < p->n; i++) {
-    jobs[i] = (struct nbd_connect_job){ .s = &p->slots[i], .uri = &p->uri,
-                                        .co = &co };
+    struct nbd_connect_job *j = &p->jobs[i];
+    j->s = &p->slots[i];
+    j->p = p;
+    atomic_init(&j->done, false);
     p->slots[i].e = e;
-    jobs[i].threaded = pthread_create(&jobs[i].thread, NULL,
-                                      nbd_connect_thread, &jobs[i]) == 0;
-    if (!jobs[i].threaded)
-      nbd_connect_thread(&jobs[i]); /* no thread: connect here */
-  }
-  r = 0;
-  for (unsigned i = 1; i < p->n; i++) {
-    if (jobs[i].threaded)
-      pthread_join(jobs[i].thread, NULL);
-    if (jobs[i].r < 0 && r == 0) {
-      snprintf(err, errlen, "%s: %s", e->name, p->slots[i].c.errmsg);
-      r = jobs[i].r;
+    j->started = pthread_create(&j->thread, NULL, nbd_connect_thread, j) == 0;
+    if (j->started) {
+      p->connecting++;
+    } else {
+      log_warn("%s: no thread for connection %u of %u, going on without it",
+               e->name, i + 1, p->n);
     }
-  }
-  free(jobs);
-  if (r < 0)
-    return r;
-  for (unsigned i = 0; i < p->n; i++) {
-    struct nbd_slot *s = &p->slots[i];
-    if (i > 0 && s->c.info.size != p->slots[0].c.info.size) {
-      snprintf(err, errlen, "%s: connections disagree on the export size",
-               e->name);
-      return -EPROTO;
-    }
-    int lr = loop_add(e->env->loop, s->c.fd, EPOLLIN, nbd_on_fd, s);
-    if (lr < 0) {
-      snprintf(err, errlen, "%s: event loop: %s", e->name, strerror(-lr));
-      return lr;
-    }
-    s->registered = true;
-    s->tcp = sock_is_tcp(s->c.fd);
-    tcpinfo_init(&s->ti);
-    if (s->tcp)
-      tcpinfo_sample(&s->ti, s->c.fd); /* baseline for the counters */
   }
   return 0;
 }
@@ -472,12 +538,10 @@ endpoint_open_nbd(struct ep_env *env, const char *spec,
   e->can_flush = in->tflags & NBD_FLAG_SEND_FLUSH;
   e->align = in->min_block;
   e->max_request = in->max_block < (32u << 20) ? in->max_block : 32u << 20;
-  e->connections = p->n;
+  e->connections = 1; /* nbd_join_one counts the later ones */
   e->multi_conn = in->tflags & NBD_FLAG_CAN_MULTI_CONN;
-  e->can_send_file = true;
-  for (unsigned i = 0; i < p->n; i++)
-    if (!client_can_send_file(&p->slots[i].c))
-      e->can_send_file = false;
+  /* every connection has the same transport and options as the first */
+  e->can_send_file = client_can_send_file(&p->slots[0].c);
   *out = e;
   return 0;
 fail:

@@ -1,9 +1,10 @@
 #!/bin/bash
 # copy-connect-parallel.sh: with several connections, the first one is
 # made alone (it tells whether the server allows more), the others in
-# parallel, each from its own thread (seen with strace -f); the copy lands
-# byte for byte; and a refused extra connection fails the copy with one
-# line naming the endpoint, never a hang.
+# parallel, each from its own thread (seen with strace -f), while the copy
+# already runs on the first; the copy lands byte for byte; and a refused
+# extra connection costs one warning naming the endpoint, never the copy
+# or a hang: the copy goes on over the connections it has.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need nbdkit
@@ -38,7 +39,8 @@ port = "htons(%s)" % sys.argv[2]
 tids = [int(l.split()[0]) for l in open(sys.argv[1])
         if "connect(" in l and port in l]
 rep = json.load(open(sys.argv[3]))
-assert rep["connections"]["destination"] == 4, rep["connections"]
+# a short copy may end before every later handshake has: 1 to 4 counted
+assert 1 <= rep["connections"]["destination"] <= 4, rep["connections"]
 assert len(tids) == 4, "expected 4 connects, saw %d" % len(tids)
 first, rest = tids[0], tids[1:]
 assert first not in rest, "a later connection ran on the first's thread"
@@ -47,15 +49,20 @@ PY
     fail "connections were not made in parallel: $(cat "$TMP/connect.st")"
 note "ok: connections 2-4 were made in parallel, each on its own thread"
 
-# A server that takes two connections: the copy asks for four and must
-# fail cleanly, naming the endpoint.
+# A server that takes two connections: the copy asks for four, warns once
+# for each refused one, naming the endpoint, and lands over the two.
 serve_tcp --max-connections 2 memory:8M
 rc=0
-timeout 60 "$NBDFLOW" copy random:8M:11 "$URI/" 2>"$TMP/err" || rc=$?
-[ "$rc" = 1 ] || fail "expected exit 1 when connections 3 and 4 are refused, got $rc: $(cat "$TMP/err")"
-grep -q "nbd://127.0.0.1:$PORT/" "$TMP/err" ||
-    fail "error does not name the endpoint: $(cat "$TMP/err")"
-note "ok: a refused extra connection fails the copy: $(tail -1 "$TMP/err")"
+timeout 60 "$NBDFLOW" copy --json random:8M:11 "$URI/" >"$TMP/two.json" \
+    2>"$TMP/err" || rc=$?
+[ "$rc" = 0 ] || fail "copy failed when connections 3 and 4 were refused (exit $rc): $(cat "$TMP/err")"
+[ "$(grep -c "warning: nbd://127.0.0.1:$PORT/: connection [234] of 4 failed" "$TMP/err")" = 2 ] ||
+    fail "expected one warning per refused connection, naming the endpoint: $(cat "$TMP/err")"
+python3 -c 'import json,sys; c = json.load(open(sys.argv[1]))["connections"]; assert 1 <= c["destination"] <= 2, c' \
+    "$TMP/two.json" || fail "report counts refused connections: $(cat "$TMP/two.json")"
+check "read back over 2" "$NBDFLOW" copy --connections 2 "$URI/" "$TMP/back1.img"
+same "$TMP/want.img" "$TMP/back1.img"
+note "ok: refused extra connections cost a warning each: $(tail -1 "$TMP/err")"
 # Two connections fit, and that copy lands.
 check "copy over 2 connections" "$NBDFLOW" copy --connections 2 \
     random:8M:11 "$URI/"
@@ -67,4 +74,4 @@ serve_stop
 kill "$KPID" 2>/dev/null || true
 wait "$KPID" 2>/dev/null || true
 SERVER_PIDS=()
-echo "PASS: parallel connections, verified; a refused one fails cleanly"
+echo "PASS: parallel connections, verified; refused extra ones are dropped with a warning"
