@@ -11,7 +11,7 @@
 : "${BENCH_MATRIX_SIZE:=256M}"          # matrix image (virtual size)
 : "${BENCH_MATRIX_SLOW_SIZE:=64M}"      # one-in-flight arms at slow RTTs
 : "${BENCH_MATRIX_SLOW_RTT:=10}"        # from this RTT (ms) on
-: "${BENCH_RTT_SIZE:=512M}"             # rtt section image
+: "${BENCH_RTT_SIZE:=2G}"               # rtt section image
 : "${BENCH_TLS_SIZE:=2G}"               # tls section image
 
 LINK_NS_A=nbdflow-bench-a
