@@ -36,6 +36,7 @@ struct cop {
   uint8_t *buf;       /* from the pool; owned by this piece until release */
   uint64_t charge;    /* bytes counted against the window */
   uint64_t t0_us;
+  uint64_t t_sub_us;  /* when its read or write was submitted */
   struct ep_op rop, wop;
   struct cop *prev, *next; /* gate list, or free list (next only) */
 };
@@ -100,6 +101,13 @@ struct engine {
   bool finished;
   bool stall_warned;    /* the --progress stall warning was given */
   uint64_t t_last_tcp_us; /* last TCP_INFO sample */
+
+  /* The no-reply watchdog; index 0 is the source, 1 the destination. */
+  bool watched[2];        /* NBD endpoints only */
+  uint64_t t_reply_us[2]; /* last reply of each (start of the copy) */
+  uint64_t t_ext_us, t_flush_us; /* submission of ext_op, flush_op */
+  uint64_t t_last_watch_us;
+  bool abandoned;         /* stopped waiting for a silent endpoint */
 };
 
 static uint64_t
@@ -303,6 +311,7 @@ eng_write(struct engine *e, struct cop *c)
     w->type = EP_ZERO;
   }
   c->state = COP_WRITING;
+  c->t_sub_us = eng_now_us();
   e->dst_busy++;
   int r = endpoint_submit(e->dst, w);
   if (r < 0) {
@@ -424,6 +433,9 @@ eng_flush_done(struct engine *e)
 static void
 eng_handle(struct engine *e, struct ep_op *op)
 {
+  int side = op->ep == e->src ? 0 : 1;
+  if (e->watched[side])
+    e->t_reply_us[side] = eng_now_us();
   if (op == &e->ext_op) {
     eng_extents_done(e);
     return;
@@ -452,6 +464,7 @@ eng_request_extents(struct engine *e, uint64_t from)
                         .extents = e->ext_batch, .max_extents = ENG_EXT_BATCH,
                         .done = eng_ctl_done, .arg = e };
   e->ext_pending = true;
+  e->t_ext_us = eng_now_us();
   int r = endpoint_submit(e->src, op);
   if (r < 0) {
     e->ext_pending = false;
@@ -600,6 +613,7 @@ eng_issue_one(struct engine *e)
     return true;
   }
   c->state = COP_READING;
+  c->t_sub_us = eng_now_us();
   c->rop = (struct ep_op){ .type = EP_READ, .offset = c->offset,
                            .length = len, .buf = buf, .done = eng_op_done,
                            .arg = c };
@@ -742,11 +756,37 @@ eng_adapt(struct engine *e)
 
 /* ---- driving ---- */
 
+/* True while a request to an unwatched endpoint (file, pipe, generated)
+ * is in flight: a worker may still be using its op and buffer. */
+static bool
+eng_local_busy(const struct engine *e)
+{
+  if ((e->ext_pending && !e->watched[0]) ||
+      (e->flushing && !e->watched[1]))
+    return true;
+  for (size_t i = 0; i < ENG_MAX_COPS; i++) {
+    const struct cop *c = &e->cops[i];
+    if ((c->state == COP_READING && !e->watched[0]) ||
+        (c->state == COP_WRITING && !e->watched[1]))
+      return true;
+  }
+  return false;
+}
+
 static void
 eng_check_finish(struct engine *e)
 {
   uint64_t len;
   bool zero;
+  if (e->abandoned) {
+    /* The silent endpoint's requests are never awaited; local ones are,
+     * since they end on their own and a worker borrows their memory. */
+    if (!e->finished && !eng_local_busy(e)) {
+      e->finished = true;
+      loop_stop(e->env->loop);
+    }
+    return;
+  }
   if (e->active > 0 || e->ext_pending || e->flushing || e->finished)
     return;
   if (!e->failed && eng_plan(e, &len, &zero) != PLAN_DONE)
@@ -756,6 +796,7 @@ eng_check_finish(struct engine *e)
     e->flush_op = (struct ep_op){ .type = EP_FLUSH, .done = eng_ctl_done,
                                   .arg = e };
     e->flushing = true;
+    e->t_flush_us = eng_now_us();
     int r = endpoint_submit(e->dst, &e->flush_op);
     if (r < 0) {
       e->flushing = false;
@@ -795,6 +836,97 @@ eng_pump(void *arg)
   e->pumping = false;
 }
 
+/* The oldest request in flight on one endpoint, and how many there are. */
+struct eng_oldest {
+  unsigned n;
+  uint64_t t_us;
+  const char *what;
+  uint64_t off, len;
+};
+
+static void
+eng_oldest_note(struct eng_oldest *w, uint64_t t_us, const char *what,
+                uint64_t off, uint64_t len)
+{
+  if (w->n++ == 0 || t_us < w->t_us)
+    *w = (struct eng_oldest){ w->n, t_us, what, off, len };
+}
+
+static const char *
+eng_op_name(enum ep_op_type t)
+{
+  switch (t) {
+  case EP_READ: return "read";
+  case EP_WRITE: return "write";
+  case EP_ZERO: return "zeroing";
+  case EP_FLUSH: return "flush";
+  case EP_EXTENTS: return "block status";
+  }
+  return "request";
+}
+
+#define ENG_WATCH_US 190000 /* ~200 ms, tolerating tick jitter */
+
+/* --timeout: fails the copy with ETIMEDOUT when an NBD endpoint with
+ * requests in flight has answered none of them for timeout_s, and
+ * abandons everything in flight there. An endpoint's clock runs from the
+ * later of its last reply and its oldest request's submission: time it
+ * spent with nothing to answer (a slow pipe upstream, a busy other end)
+ * never counts. File and pipe endpoints are not watched: their I/O ends
+ * on its own, and a slow pipe is no failure. Runs about every 200 ms. */
+static void
+eng_watchdog(struct engine *e)
+{
+  uint64_t now = eng_now_us();
+  uint64_t limit = (uint64_t)e->o->timeout_s * 1000000;
+  if (limit == 0 || e->abandoned || e->finished ||
+      now - e->t_last_watch_us < ENG_WATCH_US)
+    return;
+  e->t_last_watch_us = now;
+  bool suspect = false;
+  for (int i = 0; i < 2; i++)
+    if (e->watched[i] && now - e->t_reply_us[i] >= limit)
+      suspect = true;
+  if (!suspect)
+    return; /* every endpoint replied recently: the common case */
+  struct eng_oldest w[2] = { { 0 }, { 0 } };
+  for (size_t i = 0; i < ENG_MAX_COPS; i++) {
+    const struct cop *c = &e->cops[i];
+    if (c->state == COP_READING)
+      eng_oldest_note(&w[0], c->t_sub_us, eng_op_name(c->rop.type),
+                      c->offset, c->length);
+    else if (c->state == COP_WRITING)
+      eng_oldest_note(&w[1], c->t_sub_us, eng_op_name(c->wop.type),
+                      c->offset, c->length);
+  }
+  if (e->ext_pending)
+    eng_oldest_note(&w[0], e->t_ext_us, "block status", e->ext_op.offset,
+                    e->ext_op.length);
+  if (e->flushing)
+    eng_oldest_note(&w[1], e->t_flush_us, "flush", 0, e->size);
+  for (int i = 0; i < 2; i++) {
+    if (!e->watched[i] || w[i].n == 0)
+      continue;
+    uint64_t since = w[i].t_us > e->t_reply_us[i] ? w[i].t_us
+                                                  : e->t_reply_us[i];
+    if (now - since < limit)
+      continue;
+    if (!e->failed) {
+      /* Not eng_fail: the line also says how long and how many. */
+      e->failed = ETIMEDOUT;
+      snprintf(e->err, e->errlen, "%s: no reply for %u s with %u "
+               "request%s in flight; oldest: %s at offset %llu length "
+               "%llu: %s", (i == 0 ? e->src : e->dst)->name,
+               e->o->timeout_s, w[i].n, w[i].n == 1 ? "" : "s", w[i].what,
+               (unsigned long long)w[i].off, (unsigned long long)w[i].len,
+               strerror(ETIMEDOUT));
+    }
+    e->abandoned = true;
+    eng_check_finish(e);
+    return;
+  }
+}
+
 static void
 eng_tick(struct loop *l, void *arg)
 {
@@ -802,6 +934,7 @@ eng_tick(struct loop *l, void *arg)
   (void)l;
   ep_env_drain(e->env);
   eng_pump(e);
+  eng_watchdog(e);
   eng_sample_tcp(e);
   eng_adapt(e);
   if (!e->finished)
@@ -883,6 +1016,11 @@ eng_setup(struct engine *e)
 static void
 eng_teardown(struct engine *e)
 {
+  /* Abandoned pieces still hold buffers; only a silent endpoint, whose
+   * connections are closed without calling done, borrows them. */
+  for (size_t i = 0; e->abandoned && i < ENG_MAX_COPS; i++)
+    if (e->cops[i].state != COP_FREE)
+      free(e->cops[i].buf);
   for (size_t i = 0; i < e->nfree_bufs; i++)
     free(e->free_bufs[i]);
   free(e->free_bufs);
@@ -937,6 +1075,11 @@ copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
   st->src_connections = src->connections;
   st->dst_connections = dst ? dst->connections : 0;
   e->t_start_us = e->t_last_print_us = e->t_last_adapt_us = eng_now_us();
+  for (int i = 0; i < 2; i++) {
+    const struct endpoint *ep = i == 0 ? src : dst;
+    e->watched[i] = ep && strcmp(ep->ops->kind, "nbd") == 0;
+    e->t_reply_us[i] = e->t_start_us;
+  }
   e->adapt_period_us = ENG_ADAPT_MIN_US * 2; /* no RTT known yet */
 
   env->kick = eng_pump;
@@ -976,4 +1119,18 @@ copy_chunks_free(struct copy_chunks *c)
   free(c->d);
   c->d = NULL;
   c->n = c->cap = 0;
+}
+
+int
+copy_timeout_parse(const char *s, unsigned *out)
+{
+  char *end;
+  if (s[0] < '0' || s[0] > '9')
+    return -1;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || *end || v > COPY_MAX_TIMEOUT)
+    return -1;
+  *out = (unsigned)v;
+  return 0;
 }

@@ -10,6 +10,9 @@
  * Progress counts bytes whose write has completed, never bytes issued.
  * Any failure stops issuing; the pieces already in flight are awaited,
  * and copy_run returns -errno with one line describing the first failure.
+ * An NBD endpoint that stays silent for timeout_s is not awaited: its
+ * requests are abandoned (their buffers freed, the connections left to
+ * endpoint_close, which must follow before the loop runs again).
  *
  * When a hash is wanted (sum, verify), pieces pass an ordering gate after
  * their read: they are hashed in offset order, holes as zeroes without
@@ -34,6 +37,9 @@
  * over at least COPY_STALL_WARN_SAMPLES samples (~200 ms apart). */
 #define COPY_STALL_WARN_PCT 5.0
 #define COPY_STALL_WARN_SAMPLES 10
+/* --timeout default and largest value, seconds (copy_opts.timeout_s). */
+#define COPY_DEFAULT_TIMEOUT 60
+#define COPY_MAX_TIMEOUT 1000000
 
 enum copy_progress { COPY_PROGRESS_NONE, COPY_PROGRESS_BAR,
                      COPY_PROGRESS_JSON };
@@ -58,6 +64,9 @@ struct copy_opts {
                             sendfile */
   unsigned max_requests; /* data and zero requests in flight at most,
                             over all connections; 0: no limit */
+  unsigned timeout_s;    /* an NBD endpoint with requests in flight that
+                            answers none of them for this long fails the
+                            copy with ETIMEDOUT; 0: wait forever */
   enum copy_progress progress;
   const char *label;     /* progress label, e.g. "copy" or "verify" */
   struct hash_ctx *hash; /* whole-stream digest of the source, or NULL */
@@ -89,5 +98,9 @@ int copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
              size_t errlen);
 
 void copy_chunks_free(struct copy_chunks *c);
+
+/* Parses a --timeout value: whole seconds, 0 to COPY_MAX_TIMEOUT.
+ * Returns 0, or -1 (nothing written) when s is not one. */
+int copy_timeout_parse(const char *s, unsigned *out);
 
 #endif
