@@ -42,6 +42,9 @@ copy_usage(FILE *f)
     "  --no-zero-copy         read data into buffers even where the kernel\n"
     "                         could send it from the file (sendfile)\n"
     "  --verify               hash SRC while copying, read DST back, compare\n"
+    "  --timeout SECONDS      fail when an NBD server answers none of its\n"
+    "                         requests in flight for this long (default %d,\n"
+    "                         0: wait forever)\n"
     "  --progress[=json]      progress bar on a terminal, or JSON lines\n"
     "  --json                 final report as JSON on stdout\n"
     "\nDiagnostic options (reproduce stock clients; slow on purpose):\n"
@@ -52,7 +55,7 @@ copy_usage(FILE *f)
     "                         separate writes\n"
     "  The stock sparse_dd shape is --nagle --max-requests 1 --split-writes\n"
     "  --connections 1.\n",
-    ENDPOINT_AUTO_CONNECTIONS);
+    ENDPOINT_AUTO_CONNECTIONS, COPY_DEFAULT_TIMEOUT);
 }
 
 static int
@@ -77,6 +80,7 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     { "no-flush", no_argument, NULL, 'F' },
     { "no-zero-copy", no_argument, NULL, 'Z' },
     { "verify", no_argument, NULL, 'V' },
+    { "timeout", required_argument, NULL, 'T' },
     { "progress", optional_argument, NULL, 'p' },
     { "json", no_argument, NULL, 'j' },
     { "nagle", no_argument, NULL, 'N' },
@@ -123,6 +127,13 @@ copy_parse(int argc, char **argv, struct copy_args *a)
       break;
     case 'V':
       a->verify = true;
+      break;
+    case 'T':
+      if (copy_timeout_parse(optarg, &a->o.timeout_s) < 0) {
+        log_error("--timeout: whole seconds, 0 to %d, not '%s'",
+                  COPY_MAX_TIMEOUT, optarg);
+        return 2;
+      }
       break;
     case 'p':
       if (optarg == NULL)
@@ -252,6 +263,7 @@ copy_verify(struct copy_args *a, const struct copy_chunks *want,
   }
   struct copy_opts o = { .request_size = a->o.request_size,
                          .inflight = a->o.inflight, .max_bytes = size,
+                         .timeout_s = a->o.timeout_s,
                          .progress = a->o.progress, .label = "verify",
                          .chunks = &got };
   if (size == 0)
@@ -287,6 +299,7 @@ cmd_copy(int argc, char **argv)
 {
   struct copy_args a = { 0 };
   a.o.label = "copy";
+  a.o.timeout_s = COPY_DEFAULT_TIMEOUT;
   int rc = copy_parse(argc, argv, &a);
   if (rc >= 0)
     return rc;

@@ -19,11 +19,14 @@ sum_usage(FILE *f)
 {
   fprintf(f,
           "Usage: nbdflow sum [--algo ALGO] [--progress[=json]] "
-          "[--connections N] SRC\n\n"
+          "[--connections N]\n"
+          "                   [--timeout SECONDS] SRC\n\n"
           "Prints the digest of SRC's whole content, as the matching *sum\n"
           "tool prints it for the raw image. ALGO: %s\n"
-          "(default xxh128, the fastest; sha256 equals sha256sum).\n",
-          hash_names());
+          "(default xxh128, the fastest; sha256 equals sha256sum).\n"
+          "--timeout: fail when an NBD server answers none of its requests\n"
+          "in flight for this long (default %d, 0: wait forever).\n",
+          hash_names(), COPY_DEFAULT_TIMEOUT);
 }
 
 int
@@ -33,11 +36,13 @@ cmd_sum(int argc, char **argv)
     { "algo", required_argument, NULL, 'a' },
     { "progress", optional_argument, NULL, 'p' },
     { "connections", required_argument, NULL, 'c' },
+    { "timeout", required_argument, NULL, 'T' },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
   };
   enum hash_algo algo = HASH_XXH128;
-  struct copy_opts o = { .label = "sum" };
+  struct copy_opts o = { .label = "sum",
+                         .timeout_s = COPY_DEFAULT_TIMEOUT };
   unsigned conns = 0;
   uint64_t v;
   int ch;
@@ -60,6 +65,13 @@ cmd_sum(int argc, char **argv)
         return 2;
       }
       conns = (unsigned)v;
+      break;
+    case 'T':
+      if (copy_timeout_parse(optarg, &o.timeout_s) < 0) {
+        log_error("--timeout: whole seconds, 0 to %d, not '%s'",
+                  COPY_MAX_TIMEOUT, optarg);
+        return 2;
+      }
       break;
     case 'h':
       sum_usage(stdout);
