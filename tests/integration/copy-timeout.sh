@@ -1,0 +1,90 @@
+#!/bin/bash
+# copy-timeout.sh: a server that stops answering must not hang copy or
+# sum. With --timeout T, an NBD endpoint that answers none of its requests
+# in flight for T seconds fails the run with one line naming it, the
+# oldest request's offset and length, and ETIMEDOUT; a slow server that
+# keeps answering is no failure. Every command runs under timeout(1), so a
+# hang fails the test instead of blocking it.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+need nbdkit
+need timeout coreutils
+tmpdir_make
+
+make_random "$TMP/src.img" 16
+
+# expect_timeout NAME ENDPOINT: the command that wrote $TMP/out, $TMP/err
+# and exited $rc stopped on the watchdog, naming ENDPOINT.
+expect_timeout () {
+    local name=$1 ep=$2
+    [ "$rc" != 124 ] || fail "$name: still running after 60 s (hung)"
+    ! grep -q Sanitizer "$TMP/err" ||
+        fail "$name: sanitizer report: $(cat "$TMP/err")"
+    check_copy_failed "$name" "$rc" "timed out"
+    grep -qF "$ep: no reply for" "$TMP/err" ||
+        fail "$name: the error does not name $ep: $(cat "$TMP/err")"
+}
+
+# kit_stop: kills the last nbdkit (it may have died of the abandoned
+# connections already) and drops it from the cleanup list.
+kit_stop () {
+    kill -KILL "$KIT_PID" 2>/dev/null || true
+    wait "$KIT_PID" 2>/dev/null || true
+    forget_pid "$KIT_PID"
+}
+
+# (a) Our own server, stopped (SIGSTOP) in the middle of a copy. A slow
+# source keeps the copy going; once writes have completed at the server,
+# it is stopped and its requests in flight get no reply.
+kit "$TMP/slowsrc.sock" --filter=delay pattern 64M rdelay=200ms
+serve_tcp memory:64M
+stopped_pid=$SERVER_PID
+timeout 60 "$NBDFLOW" copy --timeout 2 --progress=json --request-size 256K \
+    --inflight 1M "$(uri "$TMP/slowsrc.sock")" "$URI/" \
+    >"$TMP/out" 2>"$TMP/err" &
+copy_pid=$!
+for ((i = 0; i < 200; i++)); do
+    grep -q '"done": [1-9]' "$TMP/err" && break
+    kill -0 "$copy_pid" 2>/dev/null || break
+    sleep 0.1
+done
+grep -q '"done": [1-9]' "$TMP/err" ||
+    fail "server stop: the copy never made progress: $(cat "$TMP/err")"
+kill -STOP "$stopped_pid"
+on_exit "kill -CONT $stopped_pid 2>/dev/null"
+rc=0
+wait "$copy_pid" || rc=$?
+kill -CONT "$stopped_pid"
+expect_timeout "server stopped mid-copy" "$URI/"
+serve_stop "$stopped_pid"
+forget_pid "$stopped_pid"
+kit_stop
+
+# (b) nbdkit delaying every write longer than the timeout.
+kit "$TMP/stuck.sock" --filter=delay memory 16M delay-write=20
+rc=0
+timeout 60 "$NBDFLOW" copy --timeout 2 "$TMP/src.img" \
+    "$(uri "$TMP/stuck.sock")" >"$TMP/out" 2>"$TMP/err" || rc=$?
+expect_timeout "writes slower than the timeout" "$(uri "$TMP/stuck.sock")"
+kit_stop
+
+# sum reads through the same engine: reads slower than its timeout.
+kit "$TMP/stuckrd.sock" --filter=delay pattern 16M delay-read=20
+rc=0
+timeout 60 "$NBDFLOW" sum --timeout 2 "$(uri "$TMP/stuckrd.sock")" \
+    >"$TMP/out" 2>"$TMP/err" || rc=$?
+expect_timeout "sum: reads slower than the timeout" \
+    "$(uri "$TMP/stuckrd.sock")"
+kit_stop
+
+# (c) Slow but answering: 100 ms per write, one request at a time, so
+# the whole copy (64 writes) takes longer than the timeout while no
+# single request comes near it. It must complete, exactly.
+kit "$TMP/slow.sock" --filter=delay memory 16M delay-write=100ms
+check "slow but progressing server" \
+    timeout 60 "$NBDFLOW" copy --timeout 3 --request-size 256K \
+    --max-requests 1 "$TMP/src.img" "$(uri "$TMP/slow.sock")"
+check "read back from the slow server" \
+    timeout 60 "$NBDFLOW" copy "$(uri "$TMP/slow.sock")" "$TMP/back.img"
+same "$TMP/src.img" "$TMP/back.img"
+echo "PASS"
