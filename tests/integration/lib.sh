@@ -68,7 +68,7 @@ on_exit () { CLEANUP_CMDS+=("$1"); }
 lib_cleanup () {
     local rc=$? i pid
     for pid in "${SERVER_PIDS[@]}"; do
-        [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null
+        [ -n "$pid" ] && { kill -KILL "$pid" 2>/dev/null || true; }
     done
     for ((i = ${#CLEANUP_CMDS[@]} - 1; i >= 0; i--)); do
         eval "${CLEANUP_CMDS[$i]}" || true
