@@ -24,8 +24,6 @@ struct hs {
   bool fixed;        /* fixed newstyle on both sides */
   bool no_zeroes;
   uint8_t *payload;  /* last option reply payload, owned by hs */
-  uint8_t *q;        /* options queued for one write, owned by hs */
-  size_t qlen, qcap;
 };
 
 static int
@@ -67,43 +65,18 @@ hs_recv(struct hs *h, void *buf, size_t len)
   return 0;
 }
 
-/* Queues one option, header followed by its data, for hs_flush. */
-static int
-hs_queue_opt(struct hs *h, uint32_t opt, const void *data, uint32_t len)
-{
-  size_t need = h->qlen + NBD_OPT_HDR_LEN + len;
-  if (need > h->qcap) {
-    size_t cap = need < 512 ? 512 : need * 2;
-    uint8_t *q = realloc(h->q, cap);
-    if (q == NULL)
-      return hs_fail(h, -ENOMEM, "out of memory");
-    h->q = q;
-    h->qcap = cap;
-  }
-  wire_encode_opt(h->q + h->qlen, opt, len);
-  if (len)
-    memcpy(h->q + h->qlen + NBD_OPT_HDR_LEN, data, len);
-  h->qlen = need;
-  return 0;
-}
-
-/* Sends every queued option in one write. */
-static int
-hs_flush(struct hs *h)
-{
-  int r = transport_send_buf(&h->c->tp, h->q, h->qlen, 0, hs_left(h));
-  h->qlen = 0;
-  if (r < 0)
-    return hs_fail(h, r, "handshake: sending options: %s", strerror(-r));
-  return 0;
-}
-
-/* Sends one option on its own. */
+/* Sends one option: header corked onto its data. */
 static int
 hs_send_opt(struct hs *h, uint32_t opt, const void *data, uint32_t len)
 {
-  int r = hs_queue_opt(h, opt, data, len);
-  return r < 0 ? r : hs_flush(h);
+  uint8_t hdr[NBD_OPT_HDR_LEN];
+  wire_encode_opt(hdr, opt, len);
+  struct iovec iov[2] = { { hdr, sizeof hdr }, { (void *)data, len } };
+  int r = transport_send_all(&h->c->tp, iov, len ? 2 : 1, 0, hs_left(h));
+  if (r < 0)
+    return hs_fail(h, r, "handshake: sending %s: %s", wire_opt_name(opt),
+                   strerror(-r));
+  return 0;
 }
 
 /* Reads one option reply for opt into *rep and h->payload. */
@@ -145,13 +118,16 @@ hs_reply_error(struct hs *h, uint32_t opt, const struct wire_opt_reply *rep)
                  (const char *)h->payload);
 }
 
-/* The reply to an option answered by a single ACK (STRUCTURED_REPLY,
+/* Options that are answered by a single ACK (STRUCTURED_REPLY,
  * EXTENDED_HEADERS). Returns 1 on ACK, 0 on an error reply. */
 static int
-hs_simple_reply(struct hs *h, uint32_t opt)
+hs_simple_opt(struct hs *h, uint32_t opt)
 {
   struct wire_opt_reply rep;
-  int r = hs_recv_reply(h, opt, &rep);
+  int r = hs_send_opt(h, opt, NULL, 0);
+  if (r < 0)
+    return r;
+  r = hs_recv_reply(h, opt, &rep);
   if (r < 0)
     return r;
   if (rep.type == NBD_REP_ACK)
@@ -193,30 +169,20 @@ hs_list(struct hs *h)
 }
 
 static int
-hs_queue_set_meta(struct hs *h)
+hs_set_meta(struct hs *h)
 {
   const char *name = h->o->export_name;
   const char *const q[] = { NBD_META_BASE_ALLOCATION };
   uint32_t nlen = (uint32_t)strlen(name);
   uint8_t *buf = malloc(8 + nlen + 4 + strlen(q[0]));
+  struct wire_opt_reply rep;
   if (buf == NULL)
     return hs_fail(h, -ENOMEM, "out of memory");
   size_t len = wire_encode_meta_req(buf, name, nlen, q, 1);
-  int r = hs_queue_opt(h, NBD_OPT_SET_META_CONTEXT, buf, (uint32_t)len);
+  int r = hs_send_opt(h, NBD_OPT_SET_META_CONTEXT, buf, (uint32_t)len);
   free(buf);
-  return r;
-}
-
-/* Replies to SET_META_CONTEXT. A context counts only when structured
- * replies (or extended headers) were negotiated before it: sent in the
- * same write as STRUCTURED_REPLY, it meets a server that refused that
- * with an error, which is not fatal either. */
-static int
-hs_set_meta_replies(struct hs *h)
-{
-  struct wire_opt_reply rep;
-  for (unsigned n = 0; n < 1000; n++) {
-    int r = hs_recv_reply(h, NBD_OPT_SET_META_CONTEXT, &rep);
+  for (unsigned n = 0; r == 0 && n < 1000; n++) {
+    r = hs_recv_reply(h, NBD_OPT_SET_META_CONTEXT, &rep);
     if (r < 0)
       return r;
     if (rep.type == NBD_REP_ACK || (rep.type & NBD_REP_FLAG_ERROR))
@@ -224,13 +190,13 @@ hs_set_meta_replies(struct hs *h)
     if (rep.type != NBD_REP_META_CONTEXT || rep.length < 4)
       return hs_fail(h, -EPROTO, "handshake: malformed META_CONTEXT reply");
     size_t clen = rep.length - 4;
-    if (h->c->info.structured && clen == strlen(NBD_META_BASE_ALLOCATION) &&
+    if (clen == strlen(NBD_META_BASE_ALLOCATION) &&
         memcmp(h->payload + 4, NBD_META_BASE_ALLOCATION, clen) == 0) {
       h->c->info.allocation = true;
       h->c->info.allocation_id = wire_get32(h->payload);
     }
   }
-  return hs_fail(h, -EPROTO, "handshake: endless META reply");
+  return r < 0 ? r : hs_fail(h, -EPROTO, "handshake: endless META reply");
 }
 
 static void
@@ -253,32 +219,25 @@ hs_info_item(struct hs *h, const uint8_t *p, uint32_t len)
   } /* unknown items are ignored (§NBD_REP_INFO) */
 }
 
+/* GO: returns 0 when transmission starts, -ENOTSUP when the server does not
+ * know GO (caller falls back to EXPORT_NAME), other -errno on failure. */
 static int
-hs_queue_go(struct hs *h)
+hs_go(struct hs *h)
 {
   const char *name = h->o->export_name;
   uint32_t nlen = (uint32_t)strlen(name);
   const uint16_t reqs[] = { NBD_INFO_BLOCK_SIZE, NBD_INFO_NAME,
                             NBD_INFO_DESCRIPTION };
   uint8_t *buf = malloc(6 + nlen + sizeof reqs);
+  struct wire_opt_reply rep;
+  bool got_export = false;
   if (buf == NULL)
     return hs_fail(h, -ENOMEM, "out of memory");
   size_t len = wire_encode_info_req(buf, name, nlen, reqs, 3);
-  int r = hs_queue_opt(h, NBD_OPT_GO, buf, (uint32_t)len);
+  int r = hs_send_opt(h, NBD_OPT_GO, buf, (uint32_t)len);
   free(buf);
-  return r;
-}
-
-/* Replies to GO: returns 0 when transmission starts, -ENOTSUP when the
- * server does not know GO (caller falls back to EXPORT_NAME), other
- * -errno on failure. */
-static int
-hs_go_replies(struct hs *h)
-{
-  struct wire_opt_reply rep;
-  bool got_export = false;
-  for (unsigned n = 0; n < 1000; n++) {
-    int r = hs_recv_reply(h, NBD_OPT_GO, &rep);
+  for (unsigned n = 0; r == 0 && n < 1000; n++) {
+    r = hs_recv_reply(h, NBD_OPT_GO, &rep);
     if (r < 0)
       return r;
     if (rep.type == NBD_REP_INFO) {
@@ -301,7 +260,7 @@ hs_go_replies(struct hs *h)
     return hs_fail(h, -EPROTO, "handshake: unexpected %s reply to GO",
                    wire_rep_name(rep.type));
   }
-  return hs_fail(h, -EPROTO, "handshake: endless GO reply");
+  return r < 0 ? r : hs_fail(h, -EPROTO, "handshake: endless GO reply");
 }
 
 /* EXPORT_NAME: no option reply; failure is a closed connection. */
@@ -415,42 +374,26 @@ hs_newstyle(struct hs *h)
 
   if (h->o->want_list && (r = hs_list(h)) < 0)
     return r;
-  /* The rest goes out in one write and the replies are read in order:
-   * one round trip instead of one per option (four against a server
-   * without extended headers; 150 ms on a 50 ms link). Each option after
-   * the first assumes its predecessors' likely answer, and the spec
-   * defines the reply when that guess is wrong: STRUCTURED_REPLY after
-   * accepted EXTENDED_HEADERS gets ERR_EXT_HEADER_REQD, SET_META_CONTEXT
-   * without either gets an error, and GO works without them. */
-  bool meta = h->o->want_allocation &&
-              (h->o->want_extended || h->o->want_structured);
-  if ((h->o->want_extended &&
-       (r = hs_queue_opt(h, NBD_OPT_EXTENDED_HEADERS, NULL, 0)) < 0) ||
-      (h->o->want_structured &&
-       (r = hs_queue_opt(h, NBD_OPT_STRUCTURED_REPLY, NULL, 0)) < 0) ||
-      (meta && (r = hs_queue_set_meta(h)) < 0) ||
-      (r = hs_queue_go(h)) < 0 || (r = hs_flush(h)) < 0)
-    return r;
   if (h->o->want_extended) {
-    if ((r = hs_simple_reply(h, NBD_OPT_EXTENDED_HEADERS)) < 0)
+    r = hs_simple_opt(h, NBD_OPT_EXTENDED_HEADERS);
+    if (r < 0)
       return r;
     c->info.extended = c->info.structured = r == 1;
   }
-  if (h->o->want_structured) {
-    if ((r = hs_simple_reply(h, NBD_OPT_STRUCTURED_REPLY)) < 0)
+  if (!c->info.extended && h->o->want_structured) {
+    r = hs_simple_opt(h, NBD_OPT_STRUCTURED_REPLY);
+    if (r < 0)
       return r;
-    if (r == 1 && c->info.extended)
-      return hs_fail(h, -EPROTO, "handshake: server accepted both "
-                     "EXTENDED_HEADERS and STRUCTURED_REPLY; the spec "
-                     "wants ERR_EXT_HEADER_REQD for the second");
-    c->info.structured |= r == 1;
+    c->info.structured = r == 1;
   }
-  if (meta && (r = hs_set_meta_replies(h)) < 0)
+  if (c->info.structured && h->o->want_allocation &&
+      (r = hs_set_meta(h)) < 0)
     return r;
-  r = hs_go_replies(h);
+  r = hs_go(h);
   if (r == -ENOTSUP) {
-    c->info.allocation = false; /* contexts belong to GO-era servers */
-    c->info.structured = false;
+    /* Contexts belong to GO-era servers; structured replies, once
+     * acknowledged, stay on whatever selects the export. */
+    c->info.allocation = false;
     return hs_export_name(h);
   }
   return r;
@@ -534,16 +477,19 @@ client_connect(struct client_conn *c, const struct nbd_uri *u,
   int r = client_open_socket(c, u, o->nagle);
   if (r < 0)
     return r;
+  if (o->on_socket)
+    o->on_socket(o->on_socket_arg, c->fd);
   c->split_writes = o->split_writes;
   struct hs h = { .c = c, .o = o, .u = u };
   if (o->timeout_ms >= 0)
     h.deadline = loop_now_ms() + (uint64_t)o->timeout_ms;
   r = hs_run(&h);
   free(h.payload);
-  free(h.q);
   if (r == 0 && (r = sock_set_nonblock(c->fd, true)) < 0)
     snprintf(c->errmsg, sizeof c->errmsg, "set non-blocking: %s",
              strerror(-r));
+  if (o->on_socket)
+    o->on_socket(o->on_socket_arg, -1);
   if (r < 0) {
     char msg[sizeof c->errmsg];
     memcpy(msg, c->errmsg, sizeof msg);
