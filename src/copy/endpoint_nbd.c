@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "net/loop.h"
 #include "net/sock.h"
@@ -38,6 +39,7 @@ struct nbd_priv {
   struct nbd_slot *slots;
   struct nbd_connect_job *jobs; /* one per slot; [0] unused */
   unsigned connecting;    /* jobs not yet joined */
+  bool closing;           /* late failures are no news any more */
   bool no_fast_zero;      /* FAST_ZERO was refused once: stop trying */
   struct client_extent status[NBD_STATUS_BATCH]; /* the one EXTENTS op */
   struct client_req *flush_reqs; /* one per connection */
@@ -343,17 +345,31 @@ static const struct endpoint_ops nbd_ops = {
 struct nbd_connect_job {
   struct nbd_slot *s;
   struct nbd_priv *p;
+  struct client_opts co; /* p->co, plus this job's socket hook */
   int r;
   pthread_t thread;
   bool started;      /* thread created, not yet joined */
   atomic_bool done;  /* set by the thread as its last act */
+  /* The socket while its handshake runs, else -1: close shuts it down to
+   * abandon a handshake that a silent server would hold for 30 s. */
+  pthread_mutex_t lock;
+  int fd;
 };
+
+static void
+nbd_job_socket(void *arg, int fd)
+{
+  struct nbd_connect_job *j = arg;
+  pthread_mutex_lock(&j->lock);
+  j->fd = fd;
+  pthread_mutex_unlock(&j->lock);
+}
 
 static void *
 nbd_connect_thread(void *arg)
 {
   struct nbd_connect_job *j = arg;
-  j->r = client_connect(&j->s->c, &j->p->uri, &j->p->co);
+  j->r = client_connect(&j->s->c, &j->p->uri, &j->co);
   atomic_store_explicit(&j->done, true, memory_order_release);
   return NULL;
 }
@@ -381,23 +397,27 @@ nbd_join_one(struct endpoint *e, unsigned i)
   struct nbd_priv *p = e->priv;
   struct nbd_connect_job *j = &p->jobs[i];
   struct nbd_slot *s = &p->slots[i];
-  int r = j->r;
+  const struct client_info *a = &p->slots[0].c.info, *b = &s->c.info;
   pthread_join(j->thread, NULL);
+  pthread_mutex_destroy(&j->lock);
+  int r = j->r; /* the thread's, now that it has ended */
   j->started = false;
   p->connecting--;
-  if (r == 0 && s->c.info.size != p->slots[0].c.info.size) {
-    snprintf(s->c.errmsg, sizeof s->c.errmsg, "export size %llu differs "
-             "from the first connection's %llu",
-             (unsigned long long)s->c.info.size,
-             (unsigned long long)p->slots[0].c.info.size);
+  if (r == 0 && (b->size != a->size || b->tflags != a->tflags ||
+                 b->min_block != a->min_block ||
+                 b->max_block != a->max_block ||
+                 b->structured != a->structured)) {
+    snprintf(s->c.errmsg, sizeof s->c.errmsg, "the server describes the "
+             "export differently than to the first connection");
     r = -EPROTO;
   }
   if (r == 0 && (r = nbd_register(e, s)) < 0)
     snprintf(s->c.errmsg, sizeof s->c.errmsg, "event loop: %s",
              strerror(-r));
   if (r < 0) {
-    log_warn("%s: connection %u of %u failed, going on without it: %s",
-             e->name, i + 1, p->n, s->c.errmsg);
+    if (!p->closing)
+      log_warn("%s: connection %u of %u failed, going on without it: %s",
+               e->name, i + 1, p->n, s->c.errmsg);
     client_close(&s->c);
   } else {
     e->connections++;
@@ -414,13 +434,23 @@ nbd_join_ready(struct endpoint *e)
       nbd_join_one(e, i);
 }
 
+/* At close: abandons the handshakes still running (their sockets are
+ * shut down, so they end at once) and joins every thread. */
 static void
 nbd_join_all(struct endpoint *e)
 {
   struct nbd_priv *p = e->priv;
-  for (unsigned i = 1; p->jobs && i < p->n; i++)
-    if (p->jobs[i].started)
-      nbd_join_one(e, i);
+  p->closing = true;
+  for (unsigned i = 1; p->jobs && i < p->n; i++) {
+    struct nbd_connect_job *j = &p->jobs[i];
+    if (!j->started)
+      continue;
+    pthread_mutex_lock(&j->lock);
+    if (j->fd >= 0)
+      shutdown(j->fd, SHUT_RDWR);
+    pthread_mutex_unlock(&j->lock);
+    nbd_join_one(e, i);
+  }
 }
 
 /* Connects slot 0 (it tells whether the server allows several
@@ -431,7 +461,9 @@ nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
 {
   struct nbd_priv *p = e->priv;
   p->co = (struct client_opts){ .export_name = p->uri.export_name,
-                                .want_structured = true,
+                                /* only READ replies need them; a
+                                 * destination saves their round trip */
+                                .want_structured = !o->write,
                                 .want_allocation = !o->write,
                                 .timeout_ms = 30000, .nagle = o->nagle,
                                 .split_writes = o->split_writes };
@@ -440,6 +472,10 @@ nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
   if (r < 0) {
     snprintf(err, errlen, "%s: %s", e->name, p->slots[0].c.errmsg);
     return r;
+  }
+  if (o->write && (p->slots[0].c.info.tflags & NBD_FLAG_READ_ONLY)) {
+    snprintf(err, errlen, "%s: the export is read-only", e->name);
+    return -EROFS; /* before any other connection is started */
   }
   if (o->connections == 0 &&
       (p->slots[0].c.info.tflags & NBD_FLAG_CAN_MULTI_CONN)) {
@@ -466,9 +502,18 @@ nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
     struct nbd_connect_job *j = &p->jobs[i];
     j->s = &p->slots[i];
     j->p = p;
+    j->co = p->co;
+    j->co.on_socket = nbd_job_socket;
+    j->co.on_socket_arg = j;
+    j->fd = -1;
     atomic_init(&j->done, false);
     p->slots[i].e = e;
-    j->started = pthread_create(&j->thread, NULL, nbd_connect_thread, j) == 0;
+    if (pthread_mutex_init(&j->lock, NULL) == 0) {
+      j->started = pthread_create(&j->thread, NULL, nbd_connect_thread,
+                                  j) == 0;
+      if (!j->started)
+        pthread_mutex_destroy(&j->lock);
+    }
     if (j->started) {
       p->connecting++;
     } else {
@@ -521,11 +566,6 @@ endpoint_open_nbd(struct ep_env *env, const char *spec,
     goto fail;
   }
   const struct client_info *in = &p->slots[0].c.info;
-  if (o->write && (in->tflags & NBD_FLAG_READ_ONLY)) {
-    snprintf(err, errlen, "%s: the export is read-only", spec);
-    r = -EROFS;
-    goto fail;
-  }
   if (p->n > 1 && !(in->tflags & NBD_FLAG_CAN_MULTI_CONN))
     log_warn("%s: server does not advertise multi-conn; using %u "
              "connections anyway, flushing each", spec, p->n);

@@ -11,7 +11,7 @@ static ssize_t
 plain_recv(struct transport *t, void *buf, size_t len)
 {
   for (;;) {
-    ssize_t n = recv(t->fd, buf, len, 0);
+    ssize_t n = recv(t->fd, buf, len, MSG_DONTWAIT);
     if (n >= 0)
       return n;
     if (errno == EINTR)
