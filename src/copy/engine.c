@@ -95,7 +95,7 @@ struct engine {
 
   /* Progress and adaptation. */
   uint64_t t_start_us, t_last_print_us, t_last_adapt_us;
-  uint64_t done_at_last_adapt;
+  uint64_t copied_at_last_adapt; /* data bytes: zeroes never fill a link */
   uint64_t adapt_period_us;   /* 4 smallest RTTs, 100 ms .. 1 s */
   bool tty;
   bool finished;
@@ -729,7 +729,14 @@ eng_adapt(struct engine *e)
   if (!e->adaptive || now - e->t_last_adapt_us < e->adapt_period_us)
     return;
   double dt = (double)(now - e->t_last_adapt_us) / 1e6;
-  double bw = (double)(e->st->done - e->done_at_last_adapt) / dt;
+  uint64_t moved = e->st->copied - e->copied_at_last_adapt;
+  if (moved == 0) {
+    /* Zeroes and holes only (or a stall): nothing says what the link
+     * carries, and shrinking to the floor would only cost a regrowth. */
+    e->t_last_adapt_us = now;
+    return;
+  }
+  double bw = (double)moved / dt;
   uint32_t rtt = 0;
   struct endpoint *eps[2] = { e->src, e->dst };
   for (int i = 0; i < 2; i++)
@@ -746,7 +753,7 @@ eng_adapt(struct engine *e)
   e->window = w;
   e->max_bufs = (size_t)((w + e->rsize - 1) / e->rsize) + 1;
   e->t_last_adapt_us = now;
-  e->done_at_last_adapt = e->st->done;
+  e->copied_at_last_adapt = e->st->copied;
   e->adapt_period_us = ENG_ADAPT_MIN_US;
   if ((uint64_t)rtt * 4 > e->adapt_period_us)
     e->adapt_period_us = (uint64_t)rtt * 4;
@@ -866,6 +873,7 @@ eng_op_name(enum ep_op_type t)
 }
 
 #define ENG_WATCH_US 190000 /* ~200 ms, tolerating tick jitter */
+#define ENG_FLUSH_TIMEOUT_FACTOR 10 /* a FLUSH gets 10 x --timeout */
 
 /* --timeout: fails the copy with ETIMEDOUT when an NBD endpoint with
  * requests in flight has answered none of them for timeout_s, and
@@ -909,7 +917,11 @@ eng_watchdog(struct engine *e)
       continue;
     uint64_t since = w[i].t_us > e->t_reply_us[i] ? w[i].t_us
                                                   : e->t_reply_us[i];
-    if (now - since < limit)
+    /* A FLUSH may rightly take long: it writes back what the server
+     * cached, possibly gigabytes to slow storage. */
+    bool flush = strcmp(w[i].what, "flush") == 0;
+    uint64_t lim = flush ? limit * ENG_FLUSH_TIMEOUT_FACTOR : limit;
+    if (now - since < lim)
       continue;
     if (!e->failed) {
       /* Not eng_fail: the line also says how long and how many. */
@@ -917,7 +929,8 @@ eng_watchdog(struct engine *e)
       snprintf(e->err, e->errlen, "%s: no reply for %u s with %u "
                "request%s in flight; oldest: %s at offset %llu length "
                "%llu: %s", (i == 0 ? e->src : e->dst)->name,
-               e->o->timeout_s, w[i].n, w[i].n == 1 ? "" : "s", w[i].what,
+               (unsigned)(lim / 1000000), w[i].n, w[i].n == 1 ? "" : "s",
+               w[i].what,
                (unsigned long long)w[i].off, (unsigned long long)w[i].len,
                strerror(ETIMEDOUT));
     }
