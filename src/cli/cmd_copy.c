@@ -230,7 +230,7 @@ copy_report_json(const struct copy_args *a, const struct copy_stats *st,
          "\"peak_inflight_bytes\": %llu, \"peak_depth\": %u, "
          "\"data_path\": \"%s\", \"verified\": %s, "
          "\"diagnostic\": {\"nagle\": %s, \"split_writes\": %s, "
-         "\"max_requests\": %u}%s%s}\n",
+         "\"max_requests\": %u}%s%s%s%s}\n",
          a->src, a->dst, (unsigned long long)st->total,
          (unsigned long long)st->copied, (unsigned long long)st->zeroed,
          (unsigned long long)st->skipped, st->seconds, mibs,
@@ -241,7 +241,9 @@ copy_report_json(const struct copy_args *a, const struct copy_stats *st,
          st->data_path ? st->data_path : "buffer", verified ? "true" : "false",
          a->nagle ? "true" : "false", a->split_writes ? "true" : "false",
          a->o.max_requests, st->tcp_json[0] ? ", \"tcp\": " : "",
-         st->tcp_json);
+         st->tcp_json,
+         st->tcp_json_each[0] ? ", \"tcp_per_connection\": " : "",
+         st->tcp_json_each);
 }
 
 /* Reads DST back over a fresh session and compares chunk digests. */

@@ -97,6 +97,10 @@ struct endpoint_ops {
   /* Optional: TCP diagnostics of the first connection as a JSON object
    * into buf; returns 0, or -1 when there is nothing to report. */
   int (*tcp_json)(struct endpoint *e, char *buf, size_t len);
+  /* Optional: the same for every TCP connection that joined, as a JSON
+   * array in connection order; connections that do not fit in buf are
+   * left out. Returns 0, or -1 when there is nothing to report. */
+  int (*tcp_json_each)(struct endpoint *e, char *buf, size_t len);
   /* Optional, loop thread, about every 200 ms: takes one TCP_INFO sample
    * of every TCP connection and returns the share of all samples so far
    * that stalled, in percent, with the sample count in *samples; -1 when

@@ -327,12 +327,47 @@ nbd_tcp_json(struct endpoint *e, char *buf, size_t len)
   return tcpinfo_format_json(&s->ti, buf, len) < 0 ? -1 : 0;
 }
 
+static int
+nbd_tcp_json_each(struct endpoint *e, char *buf, size_t len)
+{
+  struct nbd_priv *p = e->priv;
+  char one[1024];
+  size_t used = 0;
+  unsigned n = 0;
+  if (len < 3)
+    return -1;
+  buf[used++] = '[';
+  for (unsigned i = 0; i < p->n; i++) {
+    struct nbd_slot *s = &p->slots[i];
+    if (!s->tcp)
+      continue;
+    if (!s->c.fatal)
+      tcpinfo_sample(&s->ti, s->c.fd);
+    if (s->ti.samples == 0 ||
+        tcpinfo_format_json(&s->ti, one, sizeof one) < 0)
+      continue;
+    size_t k = strlen(one);
+    if (used + (n ? 2 : 0) + k + 2 > len)
+      break;
+    if (n++) {
+      buf[used++] = ',';
+      buf[used++] = ' ';
+    }
+    memcpy(buf + used, one, k);
+    used += k;
+  }
+  buf[used++] = ']';
+  buf[used] = '\0';
+  return n ? 0 : -1;
+}
+
 static const struct endpoint_ops nbd_ops = {
   .kind = "nbd",
   .submit = nbd_submit,
   .close = nbd_close,
   .sample_rtt = nbd_sample_rtt,
   .tcp_json = nbd_tcp_json,
+  .tcp_json_each = nbd_tcp_json_each,
   .sample_tcp = nbd_sample_tcp,
 };
 

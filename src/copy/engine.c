@@ -1120,6 +1120,11 @@ copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
   if (nbd->ops->tcp_json &&
       nbd->ops->tcp_json(nbd, st->tcp_json, sizeof st->tcp_json) < 0)
     st->tcp_json[0] = '\0';
+  st->tcp_json_each[0] = '\0';
+  if (nbd->ops->tcp_json_each &&
+      nbd->ops->tcp_json_each(nbd, st->tcp_json_each,
+                              sizeof st->tcp_json_each) < 0)
+    st->tcp_json_each[0] = '\0';
   r = e->failed ? -e->failed : 0;
   eng_teardown(e);
   free(e);

@@ -45,6 +45,12 @@ assert len(tids) == 4, "expected 4 connects, saw %d" % len(tids)
 first, rest = tids[0], tids[1:]
 assert first not in rest, "a later connection ran on the first's thread"
 assert len(set(rest)) == 3, "later connections shared threads: %s" % rest
+# TCP diagnostics for each connection that joined, which together carried
+# the whole image (8 MiB of payload plus headers).
+each = rep["tcp_per_connection"]
+assert len(each) == rep["connections"]["destination"], (len(each), rep["connections"])
+assert all(c["samples"] >= 1 and c["mss"] > 0 for c in each), each
+assert sum(c["bytes_sent"] for c in each) >= 8 << 20, [c["bytes_sent"] for c in each]
 PY
     fail "connections were not made in parallel: $(cat "$TMP/connect.st")"
 note "ok: connections 2-4 were made in parallel, each on its own thread"
