@@ -313,6 +313,30 @@ tls_server_start() {
   local pki=$W/tls/pki psk=$W/tls/psk/keys.psk
   port=$(free_port) || { SRV_ERR="no free port"; return 1; }
   SRV_LOG=$RAW/logs/server-$name-$auth.log
+  TLS_PORT=$port TLS_EXPORT=""
+  case $name in
+    nbd-server)
+      # X.509 only (nbd-server has no PSK), and it wants a client
+      # certificate signed by cacertfile. It forks into the background.
+      [ "$auth" = x509 ] || { SRV_ERR="nbd-server has no TLS-PSK"; return 1; }
+      local cfg=$W/run/nbd-server-tls.conf pidf=$W/run/nbd-server-tls.pid
+      rm -f "$pidf"
+      printf '%s\n' "[generic]" "    allowlist = false" \
+        "    listenaddr = 127.0.0.1" "    port = $port" "    force_tls = true" \
+        "    certfile = $pki/server-cert.pem" "    keyfile = $pki/server-key.pem" \
+        "    cacertfile = $pki/ca-cert.pem" "[bench]" "    exportname = $file" \
+        "    flush = true" "    fua = true" >"$cfg"
+      note_cmd "nbd-server tls config" "$(sed 's/^ *//' "$cfg" | tr '\n' ' ')"
+      note_cmd "server nbd-server $auth" nbd-server -C "$cfg" -p "$pidf"
+      TLS_EXPORT=bench
+      TLS_URI="nbds://127.0.0.1:$port/bench?tls-certificates=$pki"
+      SRV_DAEMON=1
+      server_launch nbd-server tcp "$port" "" "$pidf" \
+        nbd-server -C "$cfg" -p "$pidf"
+      local rc=$?
+      SRV_DAEMON=0
+      return $rc ;;
+  esac
   case $name in
     nbdflow)
       cmd=("$NBDFLOW" serve --listen "127.0.0.1:$port")
@@ -378,6 +402,14 @@ tls_copy() {
       cmd=("$NBDFLOW" copy "$src" "$TLS_URI")
       [ "$auth" = plain ] && cmd=("$NBDFLOW" copy --no-zero-copy "$src" "$TLS_URI") ;;
     nbdcopy) cmd=(nbdcopy "$src" "$TLS_URI") ;;
+    qemu-img)
+      local obj
+      case $auth in
+        x509) obj="tls-creds-x509,id=tls0,endpoint=client,dir=$W/tls/pki" ;;
+        *) obj="tls-creds-psk,id=tls0,endpoint=client,dir=$W/tls/psk,username=bench" ;;
+      esac
+      cmd=(qemu-img convert -n -W -f raw "$src" --object "$obj"
+           --target-image-opts "driver=nbd,host=127.0.0.1,port=$TLS_PORT,export=$TLS_EXPORT,tls-creds=tls0") ;;
   esac
   note_cmd "client $cl $auth" "${cmd[@]}"
   rm -f "$tf"
@@ -403,7 +435,10 @@ tls_copy() {
 section_tls() {
   local src=$W/tls.img dst=$W/tls-dst.img run pair auth
   local -a pairs=("nbdflow-copy nbdflow" "nbdcopy qemu-nbd" "nbdcopy nbdkit"
-                  "nbdcopy nbdflow" "nbdflow-copy nbdkit" "nbdflow-copy qemu-nbd")
+                  "nbdcopy nbdflow" "nbdflow-copy nbdkit" "nbdflow-copy qemu-nbd"
+                  "qemu-img nbdflow" "qemu-img qemu-nbd" "qemu-img nbdkit"
+                  "nbdflow-copy nbd-server" "nbdcopy nbd-server"
+                  "qemu-img nbd-server")
   local -a avail=()
   mkdir -p "$W/tls"
   if ! tls_pki "$W/tls"; then
@@ -419,13 +454,14 @@ section_tls() {
     fi
   done
   python3 "$LIB/images.py" random "$src" "$(bytes "$BENCH_TLS_SIZE")" || die "tls image failed"
-  meta tls "$BENCH_TLS_SIZE random image, TCP loopback, file exports on tmpfs; X.509 and PSK; plus nbdflow's plaintext pair"
+  meta tls "$BENCH_TLS_SIZE random image, TCP loopback, file exports on tmpfs; X.509 and PSK (nbd-server: X.509 only, with a client certificate, which it requires; it forks per connection, so its server CPU misses the children it has not reaped); plus nbdflow's plaintext pair"
   [ "$BENCH_WARMUP" = 1 ] && tls_copy nbdflow-copy nbdflow psk 0 "$src" "$dst"
   for run in $(seq "$BENCH_RUNS"); do
     tls_copy nbdflow-copy nbdflow plain "$run" "$src" "$dst"
     for auth in psk x509; do
       for pair in "${avail[@]}"; do
         set -- $pair
+        [ "$2" = nbd-server ] && [ "$auth" = psk ] && continue # no PSK there
         tls_copy "$1" "$2" "$auth" "$run" "$src" "$dst"
       done
     done
