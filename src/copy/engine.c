@@ -96,6 +96,7 @@ struct engine {
   /* Progress and adaptation. */
   uint64_t t_start_us, t_last_print_us, t_last_adapt_us;
   uint64_t copied_at_last_adapt; /* data bytes: zeroes never fill a link */
+  double bw_est;              /* smoothed data bytes/s, 0 before the first */
   uint64_t adapt_period_us;   /* 4 smallest RTTs, 100 ms .. 1 s */
   bool tty;
   bool finished;
@@ -736,7 +737,12 @@ eng_adapt(struct engine *e)
     e->t_last_adapt_us = now;
     return;
   }
+  /* Completions arrive in bursts: over a few RTTs one period can see
+   * 15% more than the link carries, so the estimate is smoothed. */
   double bw = (double)moved / dt;
+  if (e->bw_est > 0)
+    bw = (bw + e->bw_est) / 2;
+  e->bw_est = bw;
   uint32_t rtt = 0;
   struct endpoint *eps[2] = { e->src, e->dst };
   for (int i = 0; i < 2; i++)
