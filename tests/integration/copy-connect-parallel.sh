@@ -92,6 +92,9 @@ if command -v qemu-nbd >/dev/null; then
         "$TMP/back3.img" 2>"$TMP/err3" || rc=$?
     [ "$rc" = 0 ] || fail "copy from a one-client server: exit $rc (124: hung on the second handshake): $(cat "$TMP/err3")"
     same "$TMP/want.img" "$TMP/back3.img"
+    kill "$QPID" 2>/dev/null || true
+    wait "$QPID" 2>/dev/null || true
+    forget_pid "$QPID"
     note "ok: a handshake the server never answers is abandoned when the copy ends"
 else
     note "qemu-nbd not installed (qemu-utils): one-client server case not run"
