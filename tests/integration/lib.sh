@@ -265,6 +265,16 @@ forget_pid () {
     SERVER_PIDS=("${keep[@]}")
 }
 
+# need_strace: strace installed and allowed to trace here, or a loud skip.
+# LeakSanitizer cannot run under ptrace, so in a sanitizer build the traced
+# runs check memory errors only (every other test still checks leaks).
+need_strace () {
+    need strace
+    export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+    strace -f -qq -o /dev/null true 2>/dev/null ||
+        skip "strace cannot trace here (ptrace not permitted)"
+}
+
 # ---- The link emulator ------------------------------------------------------
 
 # linkem_prereqs: sets LINKEM, UP and DOWN (the emulator and its netns
