@@ -25,8 +25,11 @@
 #include "client/client.h"
 #include "util/workq.h"
 
-/* Connections opened to a server advertising multi-conn, unless told. */
+/* Connections opened to a server advertising multi-conn, unless told;
+ * over TCP the count may then grow to ENDPOINT_MAX_CONNECTIONS while the
+ * copy runs (see endpoint_ops.fit_window). */
 #define ENDPOINT_AUTO_CONNECTIONS 4
+#define ENDPOINT_MAX_CONNECTIONS 16
 /* One EXTENTS query covers at most this much (block status is a hint). */
 #define ENDPOINT_STATUS_SPAN (UINT64_C(1) << 30)
 /* Largest single ZERO operation. */
@@ -106,6 +109,11 @@ struct endpoint_ops {
    * that stalled, in percent, with the sample count in *samples; -1 when
    * there is no TCP connection. */
   double (*sample_tcp)(struct endpoint *e, uint64_t *samples);
+  /* Optional, loop thread: the engine wants `bytes` in flight on this
+   * endpoint (2 x its bandwidth-delay product). An endpoint whose
+   * connection count is automatic may start more connections so that
+   * none has to hold more than its transport can; it never closes any. */
+  void (*fit_window)(struct endpoint *e, uint64_t bytes);
 };
 
 struct endpoint {

@@ -35,10 +35,13 @@ struct nbd_slot {
 struct nbd_priv {
   struct nbd_uri uri;
   struct client_opts co;  /* read by connecting threads */
-  unsigned n;             /* slots, live or still connecting */
+  unsigned n;             /* slots allocated (the most connections) */
+  unsigned started;       /* slots in use: the first, plus jobs started */
   struct nbd_slot *slots;
   struct nbd_connect_job *jobs; /* one per slot; [0] unused */
   unsigned connecting;    /* jobs not yet joined */
+  uint64_t conn_bytes;    /* in flight one connection can carry; 0 when
+                             the count is fixed */
   bool closing;           /* late failures are no news any more */
   bool no_fast_zero;      /* FAST_ZERO was refused once: stop trying */
   struct client_extent status[NBD_STATUS_BATCH]; /* the one EXTENTS op */
@@ -115,7 +118,7 @@ nbd_pick(struct endpoint *e)
   struct nbd_slot *best = NULL;
   if (p->connecting)
     nbd_join_ready(e);
-  for (unsigned i = 0; i < p->n; i++) {
+  for (unsigned i = 0; i < p->started; i++) {
     struct nbd_slot *s = &p->slots[i];
     if (!s->live || s->c.fatal)
       continue;
@@ -179,7 +182,7 @@ nbd_submit_flush(struct endpoint *e, struct ep_op *op)
   p->flush_op = op;
   p->flush_err = 0;
   p->flush_pending = 1; /* held while submitting */
-  for (unsigned i = 0; i < p->n; i++) {
+  for (unsigned i = 0; i < p->started; i++) {
     struct nbd_slot *s = &p->slots[i];
     struct client_req *r = &p->flush_reqs[i];
     *r = (struct client_req){ .type = NBD_CMD_FLUSH, .done = nbd_flush_done,
@@ -279,7 +282,7 @@ nbd_sample_rtt(struct endpoint *e)
 {
   struct nbd_priv *p = e->priv;
   uint32_t best = 0;
-  for (unsigned i = 0; i < p->n; i++) {
+  for (unsigned i = 0; i < p->started; i++) {
     struct nbd_slot *s = &p->slots[i];
     if (!s->tcp || s->ti.samples == 0)
       continue;
@@ -297,7 +300,7 @@ nbd_sample_tcp(struct endpoint *e, uint64_t *samples)
   struct nbd_priv *p = e->priv;
   uint64_t n = 0, stalled = 0;
   bool any = false;
-  for (unsigned i = 0; i < p->n; i++) {
+  for (unsigned i = 0; i < p->started; i++) {
     struct nbd_slot *s = &p->slots[i];
     if (!s->tcp)
       continue;
@@ -337,7 +340,7 @@ nbd_tcp_json_each(struct endpoint *e, char *buf, size_t len)
   if (len < 3)
     return -1;
   buf[used++] = '[';
-  for (unsigned i = 0; i < p->n; i++) {
+  for (unsigned i = 0; i < p->started; i++) {
     struct nbd_slot *s = &p->slots[i];
     if (!s->tcp)
       continue;
@@ -361,6 +364,27 @@ nbd_tcp_json_each(struct endpoint *e, char *buf, size_t len)
   return n ? 0 : -1;
 }
 
+static void nbd_start_jobs(struct endpoint *e, unsigned upto);
+
+/* Starts connections until each carries at most conn_bytes of the
+ * window: past that, the window waits in our queues instead of on the
+ * wire. Only with the automatic count over TCP (conn_bytes set). */
+static void
+nbd_fit_window(struct endpoint *e, uint64_t bytes)
+{
+  struct nbd_priv *p = e->priv;
+  if (p->conn_bytes == 0 || p->started >= p->n || p->closing)
+    return;
+  uint64_t want = (bytes + p->conn_bytes - 1) / p->conn_bytes;
+  if (want <= p->started)
+    return;
+  unsigned upto = want < p->n ? (unsigned)want : p->n;
+  log_debug("%s: window of %llu KiB, %llu KiB per connection: "
+           "%u connections", e->name, (unsigned long long)(bytes >> 10),
+           (unsigned long long)(p->conn_bytes >> 10), upto);
+  nbd_start_jobs(e, upto);
+}
+
 static const struct endpoint_ops nbd_ops = {
   .kind = "nbd",
   .submit = nbd_submit,
@@ -369,6 +393,7 @@ static const struct endpoint_ops nbd_ops = {
   .tcp_json = nbd_tcp_json,
   .tcp_json_each = nbd_tcp_json_each,
   .sample_tcp = nbd_sample_tcp,
+  .fit_window = nbd_fit_window,
 };
 
 /* The connections after the first connect on threads of their own while
@@ -452,7 +477,7 @@ nbd_join_one(struct endpoint *e, unsigned i)
   if (r < 0) {
     if (!p->closing)
       log_warn("%s: connection %u of %u failed, going on without it: %s",
-               e->name, i + 1, p->n, s->c.errmsg);
+               e->name, i + 1, p->started, s->c.errmsg);
     client_close(&s->c);
   } else {
     e->connections++;
@@ -463,7 +488,7 @@ static void
 nbd_join_ready(struct endpoint *e)
 {
   struct nbd_priv *p = e->priv;
-  for (unsigned i = 1; i < p->n; i++)
+  for (unsigned i = 1; i < p->started; i++)
     if (p->jobs[i].started &&
         atomic_load_explicit(&p->jobs[i].done, memory_order_acquire))
       nbd_join_one(e, i);
@@ -488,8 +513,58 @@ nbd_join_all(struct endpoint *e)
   }
 }
 
+/* Loop thread: starts the connect jobs of slots started .. upto-1. */
+static void
+nbd_start_jobs(struct endpoint *e, unsigned upto)
+{
+  struct nbd_priv *p = e->priv;
+  if (upto > p->n)
+    upto = p->n;
+  for (unsigned i = p->started; i < upto; i++) {
+    struct nbd_connect_job *j = &p->jobs[i];
+    j->s = &p->slots[i];
+    j->p = p;
+    j->co = p->co;
+    j->co.on_socket = nbd_job_socket;
+    j->co.on_socket_arg = j;
+    j->fd = -1;
+    atomic_init(&j->done, false);
+    p->slots[i].e = e;
+    if (pthread_mutex_init(&j->lock, NULL) == 0) {
+      j->started = pthread_create(&j->thread, NULL, nbd_connect_thread,
+                                  j) == 0;
+      if (!j->started)
+        pthread_mutex_destroy(&j->lock);
+    }
+    if (j->started) {
+      p->connecting++;
+    } else {
+      log_warn("%s: no thread for connection %u of %u, going on without it",
+               e->name, i + 1, upto);
+    }
+  }
+  if (upto > p->started)
+    p->started = upto;
+}
+
+/* What one TCP connection can keep in flight: the sender's send buffer
+ * holds every unacknowledged byte (ours for writes; for reads the
+ * server's, assumed to be set as ours), and a receiver advertises at most
+ * about half its receive buffer. 0 when the limits are unknown. */
+static uint64_t
+nbd_conn_bytes(void)
+{
+  uint64_t snd, rcv;
+  if (sock_tcp_autotune_max(&snd, &rcv) < 0)
+    return 0;
+  return snd < rcv / 2 ? snd : rcv / 2;
+}
+
 /* Connects slot 0 (it tells whether the server allows several
- * connections, which sets the automatic count), then starts the others. */
+ * connections, which sets the automatic count), then starts the others.
+ * With the automatic count over TCP, room is made for
+ * ENDPOINT_MAX_CONNECTIONS, of which ENDPOINT_AUTO_CONNECTIONS start now
+ * and nbd_fit_window may start the rest. */
 static int
 nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
                 size_t errlen)
@@ -512,18 +587,24 @@ nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
     snprintf(err, errlen, "%s: the export is read-only", e->name);
     return -EROFS; /* before any other connection is started */
   }
+  unsigned first = p->n;
   if (o->connections == 0 &&
       (p->slots[0].c.info.tflags & NBD_FLAG_CAN_MULTI_CONN)) {
     /* Grow to the automatic count now that multi-conn is known. */
-    struct nbd_slot *ns = realloc(p->slots, ENDPOINT_AUTO_CONNECTIONS *
-                                              sizeof *ns);
+    bool tcp = sock_is_tcp(p->slots[0].c.fd);
+    unsigned room = tcp ? ENDPOINT_MAX_CONNECTIONS
+                        : ENDPOINT_AUTO_CONNECTIONS;
+    struct nbd_slot *ns = realloc(p->slots, room * sizeof *ns);
     if (ns == NULL)
       return -ENOMEM;
     p->slots = ns;
-    memset(ns + 1, 0, (ENDPOINT_AUTO_CONNECTIONS - 1) * sizeof *ns);
-    for (unsigned k = 1; k < ENDPOINT_AUTO_CONNECTIONS; k++)
+    memset(ns + 1, 0, (room - 1) * sizeof *ns);
+    for (unsigned k = 1; k < room; k++)
       ns[k].c.fd = -1;
-    p->n = ENDPOINT_AUTO_CONNECTIONS;
+    p->n = room;
+    first = ENDPOINT_AUTO_CONNECTIONS;
+    if (tcp)
+      p->conn_bytes = nbd_conn_bytes();
   }
   /* The slots never move again: threads and the loop hold pointers. */
   if ((r = nbd_register(e, &p->slots[0])) < 0) {
@@ -533,29 +614,8 @@ nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
   p->jobs = calloc(p->n, sizeof *p->jobs);
   if (p->jobs == NULL)
     return -ENOMEM;
-  for (unsigned i = 1; i < p->n; i++) {
-    struct nbd_connect_job *j = &p->jobs[i];
-    j->s = &p->slots[i];
-    j->p = p;
-    j->co = p->co;
-    j->co.on_socket = nbd_job_socket;
-    j->co.on_socket_arg = j;
-    j->fd = -1;
-    atomic_init(&j->done, false);
-    p->slots[i].e = e;
-    if (pthread_mutex_init(&j->lock, NULL) == 0) {
-      j->started = pthread_create(&j->thread, NULL, nbd_connect_thread,
-                                  j) == 0;
-      if (!j->started)
-        pthread_mutex_destroy(&j->lock);
-    }
-    if (j->started) {
-      p->connecting++;
-    } else {
-      log_warn("%s: no thread for connection %u of %u, going on without it",
-               e->name, i + 1, p->n);
-    }
-  }
+  p->started = 1;
+  nbd_start_jobs(e, first);
   return 0;
 }
 
@@ -603,7 +663,7 @@ endpoint_open_nbd(struct ep_env *env, const char *spec,
   const struct client_info *in = &p->slots[0].c.info;
   if (p->n > 1 && !(in->tflags & NBD_FLAG_CAN_MULTI_CONN))
     log_warn("%s: server does not advertise multi-conn; using %u "
-             "connections anyway, flushing each", spec, p->n);
+             "connections anyway, flushing each", spec, p->started);
   e->size = in->size;
   e->size_known = true;
   e->readable = true;

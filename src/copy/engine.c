@@ -752,6 +752,13 @@ eng_adapt(struct engine *e)
         rtt = r;
     }
   uint64_t w = (uint64_t)(2 * bw * (double)rtt / 1e6);
+  if (w > COPY_WINDOW_CAP)
+    w = COPY_WINDOW_CAP;
+  /* The window proper, before the floor: connections are added for a
+   * long link, not for a busy loopback. */
+  for (int i = 0; i < 2; i++)
+    if (eps[i] && eps[i]->ops->fit_window && rtt)
+      eps[i]->ops->fit_window(eps[i], w);
   if (w < COPY_WINDOW_FLOOR_REQUESTS * e->rsize)
     w = COPY_WINDOW_FLOOR_REQUESTS * e->rsize;
   if (w > COPY_WINDOW_CAP)

@@ -253,6 +253,27 @@ sock_set_rcvbuf(int fd, int size, int *effective)
   return sock_set_buf(fd, SO_RCVBUF, size, effective);
 }
 
+/* The third figure of a tcp_wmem/tcp_rmem sysctl, or 0. */
+static uint64_t
+sock_sysctl_max(const char *path)
+{
+  FILE *f = fopen(path, "re");
+  if (f == NULL)
+    return 0;
+  unsigned long long lo, def, hi;
+  int n = fscanf(f, "%llu %llu %llu", &lo, &def, &hi);
+  fclose(f);
+  return n == 3 ? hi : 0;
+}
+
+int
+sock_tcp_autotune_max(uint64_t *send, uint64_t *recv)
+{
+  *send = sock_sysctl_max("/proc/sys/net/ipv4/tcp_wmem");
+  *recv = sock_sysctl_max("/proc/sys/net/ipv4/tcp_rmem");
+  return *send && *recv ? 0 : -ENOENT;
+}
+
 static int
 sock_family(int fd)
 {

@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 /* "HOST:PORT", "[V6]:PORT", "HOST" or ":PORT" into host and port. host and
@@ -33,6 +34,10 @@ int sock_set_keepalive(int fd);
  * granted (Linux reports twice the usable size; we report it halved). */
 int sock_set_sndbuf(int fd, int size, int *effective);
 int sock_set_rcvbuf(int fd, int size, int *effective);
+/* The largest send and receive buffers TCP autotuning may grow a socket
+ * to (the third figures of net.ipv4.tcp_wmem and tcp_rmem, as this
+ * process's network namespace sets them). -ENOENT when unreadable. */
+int sock_tcp_autotune_max(uint64_t *send, uint64_t *recv);
 bool sock_is_tcp(int fd);
 bool sock_is_unix(int fd);
 /* Moves up to len bytes from socket fd into the pipe pipefd without

@@ -1,0 +1,83 @@
+#!/bin/bash
+# copy-connections-adapt.sh: with the automatic connection count, nbdflow
+# copy adds NBD connections while it runs when the window (2 x bandwidth x
+# RTT) needs more than the ones it has can carry, each being bounded by
+# TCP's largest send buffer. Over an emulated 1 Gbit/s, 20 ms link
+# (bench/linkem, namespaces of its own) whose namespaces cap TCP buffers
+# at 256 KiB send / 1 MiB receive, four connections hold ~1 MiB of a
+# ~5 MB window, so the count must grow past 4 (to at most 16), in both
+# directions; --connections 4 must stay at 4. Every copy is verified by
+# xxh128. No timing is asserted. Needs root; skips otherwise.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+linkem_prereqs
+need nbdkit
+
+NS_A=nbdflow-ca$$
+NS_B=nbdflow-cb$$
+NET=10.199.5
+tmpdir_make
+on_exit "'$DOWN' --ns-a $NS_A --ns-b $NS_B >/dev/null 2>&1"
+"$UP" --ns-a "$NS_A" --ns-b "$NS_B" --net $NET --start "$LINKEM" \
+    --rtt-ms 20 -- --rate 1gbit >"$TMP/up.log" 2>&1 ||
+    fail "netns-up.sh failed: $(tail -3 "$TMP/up.log")"
+for ns in "$NS_A" "$NS_B"; do
+    ip netns exec "$ns" sysctl -q -w net.ipv4.tcp_wmem="4096 16384 262144" \
+        net.ipv4.tcp_rmem="4096 131072 1048576" ||
+        skip "this kernel has no per-namespace TCP buffer limits"
+done
+
+ip netns exec "$NS_B" nbdkit -f -i $NET.2 -p 10809 memory 256M \
+    >"$TMP/kit.log" 2>&1 &
+for i in $(seq 100); do
+    [ -n "$(ip netns exec "$NS_B" ss -Hltn 'sport = :10809')" ] && break
+    sleep 0.1
+done
+want=$("$NBDFLOW" sum --algo xxh128 random:256M:7 | cut -d' ' -f1)
+
+# conns FILE SIDE: the connection count the JSON report gives for SIDE.
+conns () {
+    python3 -c 'import json, sys
+print(json.load(open(sys.argv[1]))["connections"][sys.argv[2]])' "$1" "$2"
+}
+# landed NAME XXH: the export, read back inside the server's namespace,
+# hashes to XXH.
+landed () {
+    local got
+    got=$(ip netns exec "$NS_B" "$NBDFLOW" sum --algo xxh128 \
+        "nbd://$NET.2:10809/" | cut -d' ' -f1)
+    [ -n "$2" ] && [ "$2" = "$got" ] ||
+        fail "$1: the export's xxh128 $got differs from the source's $2"
+}
+
+check "copy 256 MiB, automatic count" ip netns exec "$NS_A" \
+    "$NBDFLOW" copy --json random:256M:7 "nbd://$NET.2:10809/" \
+    >"$TMP/auto.json"
+landed "automatic count" "$want"
+n=$(conns "$TMP/auto.json" destination)
+[ "$n" -gt 4 ] && [ "$n" -le 16 ] ||
+    fail "automatic count: $n destination connections, expected 5..16"
+note "ok: writing, the count grew to $n connections; the copy landed"
+
+check "copy back to a file, automatic count" ip netns exec "$NS_A" \
+    "$NBDFLOW" copy --json "nbd://$NET.2:10809/" "$TMP/back.img" \
+    >"$TMP/back.json"
+got=$("$NBDFLOW" sum --algo xxh128 "$TMP/back.img" | cut -d' ' -f1)
+[ "$got" = "$want" ] || fail "read back: xxh128 $got, source $want"
+n=$(conns "$TMP/back.json" source)
+[ "$n" -gt 4 ] && [ "$n" -le 16 ] ||
+    fail "reading: $n source connections, expected 5..16"
+note "ok: reading, the count grew to $n connections; the file matches"
+rm -f "$TMP/back.img"
+
+# Another source, so that this copy cannot pass on the last one's bytes.
+want8=$("$NBDFLOW" sum --algo xxh128 random:256M:8 | cut -d' ' -f1)
+check "copy 256 MiB, --connections 4" ip netns exec "$NS_A" \
+    "$NBDFLOW" copy --json --connections 4 random:256M:8 \
+    "nbd://$NET.2:10809/" >"$TMP/four.json"
+landed "--connections 4" "$want8"
+n=$(conns "$TMP/four.json" destination)
+[ "$n" -eq 4 ] || fail "--connections 4 used $n connections"
+note "ok: --connections 4 stays at 4; the copy landed"
+echo "PASS: the connection count follows the window; every copy verified"
