@@ -39,10 +39,7 @@ conn_log(struct conn *c, const char *fmt, ...)
 void
 req_destroy(struct req *q)
 {
-  if (q->pipe[0] >= 0) {
-    close(q->pipe[0]);
-    close(q->pipe[1]);
-  }
+  req_close_pipes(q);
   free(q->buf);
   free(q->ext);
   free(q);
@@ -238,14 +235,18 @@ conn_splice_fallback(struct conn *c)
     return -1;
   }
   size_t got = 0;
-  while (got < c->have) {
-    ssize_t n = read(q->pipe[0], q->buf + got, c->have - got);
-    if (n <= 0) {
-      log_warn("%s: cannot drain a payload pipe: %s", c->peer,
-               n < 0 ? strerror(errno) : "short read");
-      return -1;
+  for (unsigned i = 0; i <= q->pipe_cur; i++) {
+    size_t end = got + q->pipe_len[i];
+    while (got < end) {
+      ssize_t n = read(q->pipe[i][0], q->buf + got, end - got);
+      if (n <= 0) {
+        log_warn("%s: cannot drain a payload pipe: %s", c->peer,
+                 n < 0 ? strerror(errno) : "short read");
+        return -1;
+      }
+      got += (size_t)n;
     }
-    got += (size_t)n;
+    q->pipe_len[i] = 0;
   }
   q->spliced = false;
   log_debug("%s: payload pipe full after %zu of %zu bytes; copying the rest",
@@ -256,9 +257,9 @@ conn_splice_fallback(struct conn *c)
   return 2;
 }
 
-/* Moves a WRITE payload from the socket into its request's pipe. Returns
- * 1 when all of it is there, 0 when the socket is empty, 2 when it fell
- * back to the buffer, -1 to close. */
+/* Moves a WRITE payload from the socket into its request's pipes, the
+ * next one when one is full. Returns 1 when all of it is there, 0 when the
+ * socket is empty, 2 when it fell back to the buffer, -1 to close. */
 static int
 conn_read_splice(struct conn *c)
 {
@@ -267,7 +268,7 @@ conn_read_splice(struct conn *c)
     size_t n = c->in_len - c->in_off;
     if (n > c->need - c->have)
       n = c->need - c->have;
-    ssize_t w = write(q->pipe[1], c->inbuf + c->in_off, n);
+    ssize_t w = write(q->pipe[q->pipe_cur][1], c->inbuf + c->in_off, n);
     if (w <= 0) {
       log_warn("%s: cannot fill a payload pipe: %s", c->peer,
                w < 0 ? strerror(errno) : "short write");
@@ -275,11 +276,19 @@ conn_read_splice(struct conn *c)
     }
     c->in_off += (size_t)w;
     c->have += (size_t)w;
+    q->pipe_len[q->pipe_cur] += (size_t)w;
   }
   while (c->have < c->need) {
-    ssize_t n = sock_splice_to_pipe(c->fd, q->pipe[1], c->need - c->have);
-    if (n == -EAGAIN && sock_readable_bytes(c->fd) > 0)
-      return conn_splice_fallback(c); /* the pipe is full, not the socket */
+    ssize_t n = sock_splice_to_pipe(c->fd, q->pipe[q->pipe_cur][1],
+                                    c->need - c->have);
+    if (n == -EAGAIN && sock_readable_bytes(c->fd) > 0) {
+      /* The pipe is full, not the socket. */
+      if (q->pipe_cur + 1 < q->nused) {
+        q->pipe_cur++;
+        continue;
+      }
+      return conn_splice_fallback(c);
+    }
     if (n == -EAGAIN)
       return 0;
     if (n <= 0) {
@@ -288,6 +297,7 @@ conn_read_splice(struct conn *c)
       return -1;
     }
     c->have += (size_t)n;
+    q->pipe_len[q->pipe_cur] += (size_t)n;
     if (c->is_tcp)
       sock_set_quickack(c->fd);
   }

@@ -28,6 +28,10 @@
 #define SERVER_MAX_OPTION (64u << 10) /* option data we agree to buffer */
 #define SERVER_UNIX_SNDBUF (2 << 20)
 #define SERVER_SPLICE_MIN (64u << 10) /* smaller payloads are copied */
+/* Pipes one spliced payload may span: an unprivileged process gets pipes
+ * of at most fs.pipe-max-size (1 MiB by default), and a 2 MiB payload
+ * (qemu-img's) wants 4 MiB of pipe. Larger payloads are copied. */
+#define REQ_PIPES 4
 #define SERVER_TICK_MS 200
 #define CONN_LOG_CAP 16 /* TCP_INFO sampling period with --stats */
 
@@ -105,9 +109,14 @@ struct req {
   struct iovec *iov_cur; /* first unsent slice */
   int iov_left;
   struct req *next;   /* free list or send queue link */
-  int pipe[2];        /* splice path: the payload waits here, -1 unused */
-  size_t pipe_size;   /* what pipe holds at most */
-  bool spliced;       /* this WRITE's payload is in pipe, not buf */
+  /* Splice path: the payload waits in pipes 0..pipe_cur, pipe_len[i]
+   * bytes in pipe i, in payload order. npipes are open, each holding at
+   * most pipe_size; they stay open for the request's next use. */
+  int pipe[REQ_PIPES][2];
+  size_t pipe_len[REQ_PIPES];
+  unsigned npipes, nused, pipe_cur;
+  size_t pipe_size;
+  bool spliced;       /* this WRITE's payload is in the pipes, not buf */
 };
 
 struct conn {
@@ -160,7 +169,9 @@ struct conn {
   bool closing;         /* DISC seen: close after the last reply */
   bool hs_failed;       /* handshake output could not be queued */
   bool send_failed;     /* a worker saw the socket fail: loop closes */
-  bool no_splice;       /* a pipe of payload size could not be had */
+  bool no_splice;       /* no pipe could be had: copy payloads */
+  size_t pipe_cap;      /* largest pipe size the kernel allows us, once
+                           a larger one was refused; 0 until then */
   bool last_spliced;    /* loop only: the last WRITE payload was spliced */
   bool in_resume;       /* on srv->resume */
   struct req *sendq, *sendq_tail; /* replies waiting for the socket */
@@ -209,6 +220,7 @@ struct export *server_find_export(struct server *s, const uint8_t *name,
                                   size_t len);
 void conn_update_events(struct conn *c); /* under c->lock */
 void req_destroy(struct req *q);
+void req_close_pipes(struct req *q);
 int req_reserve(struct req *q, size_t n); /* buf of at least n bytes */
 
 #endif

@@ -35,7 +35,6 @@ req_get(struct conn *c)
     q = calloc(1, sizeof *q);
     if (q == NULL)
       return NULL;
-    q->pipe[0] = q->pipe[1] = -1;
   }
   q->spliced = false;
   q->c = c;
@@ -263,6 +262,36 @@ run_block_status(struct req *q)
   reply_iov(q, q->buf, plen);
 }
 
+/* Worker: writes a spliced payload, pipe after pipe, and leaves every pipe
+ * empty whatever happens (the request reuses them). FUA goes with the
+ * last piece, whose flush covers them all. */
+static int
+req_splice_out(struct req *q, bool fua)
+{
+  struct export *e = q->c->exp;
+  uint64_t off = q->r.offset;
+  int r = 0;
+  for (unsigned i = 0; i <= q->pipe_cur; i++) {
+    size_t len = q->pipe_len[i];
+    q->pipe_len[i] = 0;
+    if (r < 0) { /* an earlier piece failed: just empty this pipe */
+      char sink[4096];
+      while (len > 0) {
+        ssize_t n = read(q->pipe[i][0], sink,
+                         len < sizeof sink ? len : sizeof sink);
+        if (n <= 0)
+          break;
+        len -= (size_t)n;
+      }
+      continue;
+    }
+    r = e->ops->splice_in(e, q->pipe[i][0], len, off, fua &&
+                          i == q->pipe_cur);
+    off += len;
+  }
+  return r;
+}
+
 /* Runs the write-type commands, FLUSH and CACHE; returns 0 or -errno. */
 static int
 run_simple(struct req *q)
@@ -274,7 +303,7 @@ run_simple(struct req *q)
   switch (r->type) {
   case NBD_CMD_WRITE:
     if (q->spliced)
-      return e->ops->splice_in(e, q->pipe[0], r->length, r->offset, fua);
+      return req_splice_out(q, fua);
     return e->ops->pwrite(e, q->buf, r->length, r->offset, fua);
   case NBD_CMD_FLUSH:
     return e->ops->flush(e);
@@ -571,9 +600,25 @@ req_dispatch(struct conn *c, struct req *q)
   conn_expect(c, CS_REQ_HDR, c->msg, wire_request_len(c->extended));
 }
 
+void
+req_close_pipes(struct req *q)
+{
+  for (unsigned i = 0; i < q->npipes; i++) {
+    close(q->pipe[i][0]);
+    close(q->pipe[i][1]);
+  }
+  q->npipes = q->nused = 0;
+  q->pipe_size = 0;
+}
+
 /* Large WRITE payloads for exports that can take them from a pipe skip
- * user space: socket -> pipe on the loop, pipe -> file on the worker. Only
- * for the plain transport; TLS must decrypt in user space anyway. */
+ * user space: socket -> pipes on the loop, pipes -> file on the worker.
+ * Only for the plain transport; TLS must decrypt in user space anyway.
+ * A pipe slot holds one page reference, and a sender that uses
+ * sendfile(2) delivers pages partly filled around its headers, so the
+ * pipes hold twice the payload (conn_read_splice copes anyway). Pipes are
+ * as large as the kernel grants (fs.pipe-max-size, 1 MiB by default,
+ * limits a process without CAP_SYS_RESOURCE), up to REQ_PIPES of them. */
 static bool
 req_use_splice(struct conn *c, struct req *q, uint64_t payload)
 {
@@ -581,23 +626,38 @@ req_use_splice(struct conn *c, struct req *q, uint64_t payload)
       c->no_splice || c->exp->ops->splice_in == NULL ||
       c->t.ops != &transport_plain_ops)
     return false;
-  if (q->pipe[0] >= 0 && (uint64_t)q->pipe_size >= 2 * payload)
-    return true;
-  if (q->pipe[0] >= 0) {
-    close(q->pipe[0]);
-    close(q->pipe[1]);
-  }
-  /* A pipe slot holds one page reference, and a sender that uses
-   * sendfile(2) delivers pages partly filled around its headers: twice
-   * the payload leaves room for that. conn_read_splice copes anyway. */
   size_t want = 2 * (size_t)payload;
-  if (sock_pipe_sized(q->pipe, want) < 0) {
-    c->no_splice = true; /* the kernel's pipe limits: copy instead */
-    log_debug("%s: no pipe of %zu bytes; copying payloads", c->peer, want);
-    return false;
+  for (;;) {
+    size_t per = c->pipe_cap && c->pipe_cap < want ? c->pipe_cap : want;
+    unsigned k = (unsigned)((want + per - 1) / per);
+    if (k > REQ_PIPES)
+      return false; /* this payload is copied; smaller ones still splice */
+    if (q->npipes * q->pipe_size < want) {
+      req_close_pipes(q);
+      int r = 0;
+      while (q->npipes < k &&
+             (r = sock_pipe_sized(q->pipe[q->npipes], per)) == 0)
+        q->npipes++;
+      if (r == -EPERM && per > SERVER_SPLICE_MIN) {
+        /* Above the kernel's limit for us: learn it, then retry. */
+        req_close_pipes(q);
+        c->pipe_cap = per / 2;
+        continue;
+      }
+      if (r < 0) {
+        req_close_pipes(q);
+        c->no_splice = true; /* out of pipes or fds: copy instead */
+        log_debug("%s: no %u pipes of %zu bytes (%s); copying payloads",
+                  c->peer, k, per, strerror(-r));
+        return false;
+      }
+      q->pipe_size = per;
+    }
+    q->nused = (unsigned)((want + q->pipe_size - 1) / q->pipe_size);
+    q->pipe_cur = 0;
+    memset(q->pipe_len, 0, sizeof q->pipe_len);
+    return true;
   }
-  q->pipe_size = want;
-  return true;
 }
 
 int
