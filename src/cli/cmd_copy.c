@@ -32,7 +32,9 @@ copy_usage(FILE *f)
     "or a generated SRC: pattern:SIZE, random:SIZE[:SEED], zero:SIZE,\n"
     "sparse:SIZE[:PERIOD[:DATA]].\n\n"
     "  --connections N        NBD connections per endpoint (default: %d when\n"
-    "                         the server advertises multi-conn, else 1)\n"
+    "                         the server advertises multi-conn, over TCP\n"
+    "                         growing to %d while the window needs them;\n"
+    "                         else 1)\n"
     "  --request-size SIZE    largest read/write (default 512K)\n"
     "  --inflight SIZE        bytes in flight (default: adaptive, 2 x\n"
     "                         bandwidth x RTT, at least 8 requests, cap 256M)\n"
@@ -55,7 +57,7 @@ copy_usage(FILE *f)
     "                         separate writes\n"
     "  The stock sparse_dd shape is --nagle --max-requests 1 --split-writes\n"
     "  --connections 1.\n",
-    ENDPOINT_AUTO_CONNECTIONS, COPY_DEFAULT_TIMEOUT);
+    ENDPOINT_AUTO_CONNECTIONS, ENDPOINT_MAX_CONNECTIONS, COPY_DEFAULT_TIMEOUT);
 }
 
 static int

@@ -51,10 +51,10 @@ struct client_opts {
    * and payload in two separate writes, without MSG_MORE. */
   bool nagle;
   bool split_writes;
-  /* Optional, called on the connecting thread: with the socket once it is
-   * connected, and with -1 before client_connect closes it or returns, so
-   * that another thread may shutdown(2) it meanwhile (under its own lock)
-   * to abandon the handshake. */
+  /* Optional, called on the connecting thread: with each socket before
+   * its connect starts, and with -1 before client_connect closes it or
+   * returns, so that another thread may shutdown(2) it meanwhile (under
+   * its own lock) to abandon the connect or the handshake. */
   void (*on_socket)(void *arg, int fd);
   void *on_socket_arg;
 };

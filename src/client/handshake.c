@@ -438,13 +438,14 @@ hs_fix_block_sizes(struct client_info *in)
 
 /* nagle: leave Nagle's algorithm on (a diagnostic option). */
 static int
-client_open_socket(struct client_conn *c, const struct nbd_uri *u, bool nagle)
+client_open_socket(struct client_conn *c, const struct nbd_uri *u,
+                   const struct client_opts *o)
 {
   int fd;
   if (u->unix_socket)
-    fd = sock_connect_unix(u->socket);
+    fd = sock_connect_unix(u->socket, o->on_socket, o->on_socket_arg);
   else
-    fd = sock_connect_tcp(u->host, u->port);
+    fd = sock_connect_tcp(u->host, u->port, o->on_socket, o->on_socket_arg);
   if (fd < 0) {
     if (u->unix_socket)
       snprintf(c->errmsg, sizeof c->errmsg, "connect to unix socket %s: %s",
@@ -460,7 +461,7 @@ client_open_socket(struct client_conn *c, const struct nbd_uri *u, bool nagle)
     int eff;
     sock_set_sndbuf(fd, 4 << 20, &eff);
     sock_set_rcvbuf(fd, 4 << 20, &eff);
-  } else if (!nagle) {
+  } else if (!o->nagle) {
     sock_set_nodelay(fd, true);
   }
   c->fd = fd;
@@ -474,11 +475,9 @@ client_connect(struct client_conn *c, const struct nbd_uri *u,
 {
   memset(c, 0, sizeof *c);
   c->fd = -1;
-  int r = client_open_socket(c, u, o->nagle);
+  int r = client_open_socket(c, u, o); /* publishes the socket */
   if (r < 0)
     return r;
-  if (o->on_socket)
-    o->on_socket(o->on_socket_arg, c->fd);
   c->split_writes = o->split_writes;
   struct hs h = { .c = c, .o = o, .u = u };
   if (o->timeout_ms >= 0)

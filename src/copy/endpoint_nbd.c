@@ -414,6 +414,7 @@ struct nbd_connect_job {
    * abandon a handshake that a silent server would hold for 30 s. */
   pthread_mutex_t lock;
   int fd;
+  bool cancel; /* close came: shut down any socket published from now */
 };
 
 static void
@@ -422,6 +423,8 @@ nbd_job_socket(void *arg, int fd)
   struct nbd_connect_job *j = arg;
   pthread_mutex_lock(&j->lock);
   j->fd = fd;
+  if (j->cancel && fd >= 0)
+    shutdown(fd, SHUT_RDWR); /* the next address of a name, say */
   pthread_mutex_unlock(&j->lock);
 }
 
@@ -474,7 +477,16 @@ nbd_join_one(struct endpoint *e, unsigned i)
   if (r == 0 && (r = nbd_register(e, s)) < 0)
     snprintf(s->c.errmsg, sizeof s->c.errmsg, "event loop: %s",
              strerror(-r));
-  if (r < 0) {
+  if (r < 0 && i >= ENDPOINT_AUTO_CONNECTIONS && p->conn_bytes) {
+    /* One added for the window: a server that caps its connections
+     * (qemu-nbd -e N still advertises multi-conn) leaves it hanging or
+     * refuses it. Not news; just add no more. */
+    p->conn_bytes = 0;
+    if (!p->closing)
+      log_debug("%s: connection %u failed (%s); adding no more",
+                e->name, i + 1, s->c.errmsg);
+    client_close(&s->c);
+  } else if (r < 0) {
     if (!p->closing)
       log_warn("%s: connection %u of %u failed, going on without it: %s",
                e->name, i + 1, p->started, s->c.errmsg);
@@ -506,6 +518,7 @@ nbd_join_all(struct endpoint *e)
     if (!j->started)
       continue;
     pthread_mutex_lock(&j->lock);
+    j->cancel = true;
     if (j->fd >= 0)
       shutdown(j->fd, SHUT_RDWR);
     pthread_mutex_unlock(&j->lock);
@@ -528,6 +541,7 @@ nbd_start_jobs(struct endpoint *e, unsigned upto)
     j->co.on_socket = nbd_job_socket;
     j->co.on_socket_arg = j;
     j->fd = -1;
+    j->cancel = false;
     atomic_init(&j->done, false);
     p->slots[i].e = e;
     if (pthread_mutex_init(&j->lock, NULL) == 0) {
@@ -595,8 +609,10 @@ nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
     unsigned room = tcp ? ENDPOINT_MAX_CONNECTIONS
                         : ENDPOINT_AUTO_CONNECTIONS;
     struct nbd_slot *ns = realloc(p->slots, room * sizeof *ns);
-    if (ns == NULL)
+    if (ns == NULL) {
+      snprintf(err, errlen, "%s: out of memory", e->name);
       return -ENOMEM;
+    }
     p->slots = ns;
     memset(ns + 1, 0, (room - 1) * sizeof *ns);
     for (unsigned k = 1; k < room; k++)
@@ -612,8 +628,10 @@ nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
     return r;
   }
   p->jobs = calloc(p->n, sizeof *p->jobs);
-  if (p->jobs == NULL)
+  if (p->jobs == NULL) {
+    snprintf(err, errlen, "%s: out of memory", e->name);
     return -ENOMEM;
+  }
   p->started = 1;
   nbd_start_jobs(e, first);
   return 0;
@@ -658,6 +676,7 @@ endpoint_open_nbd(struct ep_env *env, const char *spec,
   p->flush_reqs = calloc(p->n, sizeof *p->flush_reqs);
   if (p->flush_reqs == NULL) {
     r = -ENOMEM;
+    snprintf(err, errlen, "%s: out of memory", spec);
     goto fail;
   }
   const struct client_info *in = &p->slots[0].c.info;

@@ -710,6 +710,29 @@ eng_sample_tcp(struct engine *e)
            "'Diagnostic options' in docs/copy.md", pct);
 }
 
+/* Lets each NBD endpoint fit its connection count to its own share of
+ * the window: 2 x bandwidth x its own RTT (a nearby source is not grown
+ * for a far destination), no more than a fixed --inflight allows. Not
+ * while the work left is under 4 windows: connections that join then
+ * would carry nothing. */
+static void
+eng_fit_connections(struct engine *e, double bw, const uint32_t rtts[2])
+{
+  struct endpoint *eps[2] = { e->src, e->dst };
+  if (e->size != UINT64_MAX && e->size - e->pos < 4 * e->window)
+    return;
+  for (int i = 0; i < 2; i++) {
+    if (eps[i] == NULL || eps[i]->ops->fit_window == NULL || rtts[i] == 0)
+      continue;
+    uint64_t want = (uint64_t)(2 * bw * (double)rtts[i] / 1e6);
+    if (want > COPY_WINDOW_CAP)
+      want = COPY_WINDOW_CAP;
+    if (!e->adaptive && want > e->window)
+      want = e->window;
+    eps[i]->ops->fit_window(eps[i], want);
+  }
+}
+
 /* Window = 2 x bandwidth x RTT (smallest RTT the transport saw), at
  * least a floor of requests that keeps the servers busy, capped. Not
  * floor + 2 x BDP: on a long link that overfills the bottleneck's queue.
@@ -722,12 +745,13 @@ eng_sample_tcp(struct engine *e)
  * spent its first 3 s of a 512 MiB copy below a 4 MiB window, at 60-70%
  * of the link; now it reaches 2 x BDP within about a second. Doubling
  * outright while the window held pieces back grew no faster (TCP's own
- * start-up was the bound) and overshot into losses. */
+ * start-up was the bound) and overshot into losses. A fixed window
+ * (--inflight) stays as it is, but the connection count still follows. */
 static void
 eng_adapt(struct engine *e)
 {
   uint64_t now = eng_now_us();
-  if (!e->adaptive || now - e->t_last_adapt_us < e->adapt_period_us)
+  if (now - e->t_last_adapt_us < e->adapt_period_us)
     return;
   double dt = (double)(now - e->t_last_adapt_us) / 1e6;
   uint64_t moved = e->st->copied - e->copied_at_last_adapt;
@@ -743,28 +767,24 @@ eng_adapt(struct engine *e)
   if (e->bw_est > 0)
     bw = (bw + e->bw_est) / 2;
   e->bw_est = bw;
-  uint32_t rtt = 0;
+  uint32_t rtts[2] = { 0, 0 }, rtt = 0;
   struct endpoint *eps[2] = { e->src, e->dst };
   for (int i = 0; i < 2; i++)
     if (eps[i] && eps[i]->ops->sample_rtt) {
-      uint32_t r = eps[i]->ops->sample_rtt(eps[i]);
-      if (r > rtt)
-        rtt = r;
+      rtts[i] = eps[i]->ops->sample_rtt(eps[i]);
+      if (rtts[i] > rtt)
+        rtt = rtts[i];
     }
-  uint64_t w = (uint64_t)(2 * bw * (double)rtt / 1e6);
-  if (w > COPY_WINDOW_CAP)
-    w = COPY_WINDOW_CAP;
-  /* The window proper, before the floor: connections are added for a
-   * long link, not for a busy loopback. */
-  for (int i = 0; i < 2; i++)
-    if (eps[i] && eps[i]->ops->fit_window && rtt)
-      eps[i]->ops->fit_window(eps[i], w);
-  if (w < COPY_WINDOW_FLOOR_REQUESTS * e->rsize)
-    w = COPY_WINDOW_FLOOR_REQUESTS * e->rsize;
-  if (w > COPY_WINDOW_CAP)
-    w = COPY_WINDOW_CAP;
-  e->window = w;
-  e->max_bufs = (size_t)((w + e->rsize - 1) / e->rsize) + 1;
+  eng_fit_connections(e, bw, rtts);
+  if (e->adaptive) {
+    uint64_t w = (uint64_t)(2 * bw * (double)rtt / 1e6);
+    if (w < COPY_WINDOW_FLOOR_REQUESTS * e->rsize)
+      w = COPY_WINDOW_FLOOR_REQUESTS * e->rsize;
+    if (w > COPY_WINDOW_CAP)
+      w = COPY_WINDOW_CAP;
+    e->window = w;
+    e->max_bufs = (size_t)((w + e->rsize - 1) / e->rsize) + 1;
+  }
   e->t_last_adapt_us = now;
   e->copied_at_last_adapt = e->st->copied;
   e->adapt_period_us = ENG_ADAPT_MIN_US;

@@ -88,7 +88,9 @@ struct copy_stats {
   unsigned src_connections, dst_connections;
   const char *data_path;  /* "buffer" or "sendfile" */
   char tcp_json[1024];    /* TCP diagnostics of the NBD side, or "" */
-  char tcp_json_each[8192]; /* the same per connection (an array), or "" */
+  /* the same per connection (an array), or "": room for
+   * ENDPOINT_MAX_CONNECTIONS entries of about 750 bytes */
+  char tcp_json_each[24576];
   double stall_pct;       /* of the NBD side's samples; -1 without TCP */
 };
 

@@ -138,7 +138,8 @@ sock_activation_fds(int *fds, int max)
 }
 
 int
-sock_connect_tcp(const char *host, const char *port)
+sock_connect_tcp(const char *host, const char *port, sock_fd_fn on_fd,
+                 void *arg)
 {
   struct addrinfo hints = { .ai_family = AF_UNSPEC,
                             .ai_socktype = SOCK_STREAM,
@@ -156,11 +157,15 @@ sock_connect_tcp(const char *host, const char *port)
       err = -errno;
       continue;
     }
+    if (on_fd)
+      on_fd(arg, fd);
     if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
       freeaddrinfo(ai);
       return fd;
     }
     err = -errno;
+    if (on_fd)
+      on_fd(arg, -1);
     close(fd);
   }
   freeaddrinfo(ai);
@@ -168,7 +173,7 @@ sock_connect_tcp(const char *host, const char *port)
 }
 
 int
-sock_connect_unix(const char *path)
+sock_connect_unix(const char *path, sock_fd_fn on_fd, void *arg)
 {
   struct sockaddr_un sun;
   socklen_t len;
@@ -180,8 +185,12 @@ sock_connect_unix(const char *path)
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0)
     return -errno;
+  if (on_fd)
+    on_fd(arg, fd);
   if (connect(fd, (struct sockaddr *)&sun, len) < 0) {
     r = -errno;
+    if (on_fd)
+      on_fd(arg, -1);
     close(fd);
     return r;
   }

@@ -22,9 +22,14 @@ int sock_listen_unix(const char *path);
  * the count, 0 when none were passed. */
 int sock_activation_fds(int *fds, int max);
 
-/* Blocking connects; the fd is returned blocking, close-on-exec. */
-int sock_connect_tcp(const char *host, const char *port);
-int sock_connect_unix(const char *path);
+/* Blocking connects; the fd is returned blocking, close-on-exec. When
+ * on_fd is given, each socket is passed to it before its connect starts,
+ * and -1 is passed before a socket that failed is closed: another thread
+ * may shutdown(2) the socket meanwhile to abort a connect that hangs. */
+typedef void (*sock_fd_fn)(void *arg, int fd);
+int sock_connect_tcp(const char *host, const char *port, sock_fd_fn on_fd,
+                     void *arg);
+int sock_connect_unix(const char *path, sock_fd_fn on_fd, void *arg);
 
 int sock_set_nonblock(int fd, bool on);
 int sock_set_nodelay(int fd, bool on);
