@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -447,8 +448,18 @@ server_accept(struct loop *l, int lfd, uint32_t events, void *arg)
   for (;;) {
     int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-        log_warn("accept: %s", strerror(errno));
+      int err = errno;
+      if (err == EMFILE || err == ENFILE || err == ENOBUFS ||
+          err == ENOMEM) {
+        /* The listener stays readable: without a pause the loop would
+         * spin here. server_tick turns it back on. */
+        log_warn("accept: %s; no new connections for 1 s", strerror(err));
+        for (int i = 0; i < s->nlisten; i++)
+          loop_mod(l, s->listen_fds[i], 0);
+        s->accept_paused_ms = loop_now_ms();
+      } else if (err != EAGAIN && err != EINTR && err != ECONNABORTED) {
+        log_warn("accept: %s", strerror(err));
+      }
       return;
     }
     char peer[80];
@@ -533,6 +544,11 @@ server_tick(struct loop *l, void *arg)
         tcpinfo_sample(&c->tcp, c->fd);
 
   uint64_t now = loop_now_ms();
+  if (s->accept_paused_ms && now - s->accept_paused_ms >= 1000) {
+    s->accept_paused_ms = 0;
+    for (int i = 0; i < s->nlisten; i++)
+      loop_mod(l, s->listen_fds[i], EPOLLIN);
+  }
   if (now - s->last_sweep_ms < 500)
     return;
   s->last_sweep_ms = now;
@@ -606,6 +622,22 @@ server_listen(struct server *s)
   return 0;
 }
 
+/* Each request in flight may hold up to REQ_PIPES pipes (two fds each)
+ * for spliced payloads: raise the soft fd limit to the hard one, so that
+ * a few busy clients do not starve accept(2) at the usual 1024. */
+static void
+server_raise_fd_limit(void)
+{
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rlim_t was = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
+      log_debug("open file limit raised from %llu to %llu",
+                (unsigned long long)was, (unsigned long long)rl.rlim_max);
+  }
+}
+
 static int
 server_write_pidfile(const char *path)
 {
@@ -648,6 +680,7 @@ server_run(struct server_config *cfg, char **export_args, int nexports)
   sigset_t mask;
 
   pthread_mutex_init(&s.resume_lock, NULL);
+  server_raise_fd_limit();
   s.exports = calloc((size_t)nexports, sizeof *s.exports);
   s.loop = loop_new();
   if (s.exports == NULL || s.loop == NULL)

@@ -62,6 +62,7 @@ struct server {
   int nconns;
   struct conn *conns; /* all live connections, loop thread only */
   uint64_t last_sweep_ms; /* handshake deadlines last checked */
+  uint64_t accept_paused_ms; /* listeners off since (out of fds), or 0 */
   bool warned_sndbuf;     /* the clipped-SO_SNDBUF warning was given */
   struct tls_creds *tls; /* NULL when cfg.tls_mode is TLS_OFF */
 
