@@ -359,6 +359,19 @@ sock_pipe_sized(int fds[2], size_t size)
   return 0;
 }
 
+size_t
+sock_pipe_max_size(void)
+{
+  unsigned long long v = 0;
+  FILE *f = fopen("/proc/sys/fs/pipe-max-size", "re");
+  if (f != NULL) {
+    if (fscanf(f, "%llu", &v) != 1)
+      v = 0;
+    fclose(f);
+  }
+  return v >= 4096 ? (size_t)v : (size_t)1 << 20;
+}
+
 int
 sock_readable_bytes(int fd)
 {

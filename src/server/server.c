@@ -270,25 +270,28 @@ conn_read_splice(struct conn *c)
     if (n > c->need - c->have)
       n = c->need - c->have;
     ssize_t w = write(q->pipe[q->pipe_cur][1], c->inbuf + c->in_off, n);
-    if (w <= 0) {
+    if (w < 0 && errno != EAGAIN) {
       log_warn("%s: cannot fill a payload pipe: %s", c->peer,
-               w < 0 ? strerror(errno) : "short write");
+               strerror(errno));
       return -1;
     }
-    c->in_off += (size_t)w;
-    c->have += (size_t)w;
-    q->pipe_len[q->pipe_cur] += (size_t)w;
+    if (w > 0) {
+      c->in_off += (size_t)w;
+      c->have += (size_t)w;
+      q->pipe_len[q->pipe_cur] += (size_t)w;
+    }
+    if (w < (ssize_t)n) /* the rest must come first: copy it all */
+      return conn_splice_fallback(c);
   }
   while (c->have < c->need) {
     ssize_t n = sock_splice_to_pipe(c->fd, q->pipe[q->pipe_cur][1],
                                     c->need - c->have);
     if (n == -EAGAIN && sock_readable_bytes(c->fd) > 0) {
-      /* The pipe is full, not the socket. */
-      if (q->pipe_cur + 1 < q->nused) {
-        q->pipe_cur++;
-        continue;
-      }
-      return conn_splice_fallback(c);
+      /* The pipe is full, not the socket: on to the next one. */
+      if (q->pipe_cur + 1 >= q->npipes && !req_add_pipe(q))
+        return conn_splice_fallback(c);
+      q->pipe_cur++;
+      continue;
     }
     if (n == -EAGAIN)
       return 0;
@@ -449,18 +452,27 @@ server_accept(struct loop *l, int lfd, uint32_t events, void *arg)
     int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       int err = errno;
-      if (err == EMFILE || err == ENFILE || err == ENOBUFS ||
-          err == ENOMEM) {
+      if ((err == EMFILE || err == ENFILE || err == ENOBUFS ||
+           err == ENOMEM) && s->accept_paused_ms == 0) {
         /* The listener stays readable: without a pause the loop would
          * spin here. server_tick turns it back on. */
-        log_warn("accept: %s; no new connections for 1 s", strerror(err));
+        if (!s->accept_starved)
+          log_warn("accept: %s; pausing new connections until fds are "
+                   "free", strerror(err));
+        s->accept_starved = true;
         for (int i = 0; i < s->nlisten; i++)
           loop_mod(l, s->listen_fds[i], 0);
         s->accept_paused_ms = loop_now_ms();
+      } else if (s->accept_paused_ms) {
+        /* another listener of the same batch: already paused */
       } else if (err != EAGAIN && err != EINTR && err != ECONNABORTED) {
         log_warn("accept: %s", strerror(err));
       }
       return;
+    }
+    if (s->accept_starved) {
+      s->accept_starved = false;
+      log_info("accepting connections again");
     }
     char peer[80];
     sock_peer_name(fd, peer, sizeof peer);
@@ -681,6 +693,7 @@ server_run(struct server_config *cfg, char **export_args, int nexports)
 
   pthread_mutex_init(&s.resume_lock, NULL);
   server_raise_fd_limit();
+  s.pipe_max = sock_pipe_max_size();
   s.exports = calloc((size_t)nexports, sizeof *s.exports);
   s.loop = loop_new();
   if (s.exports == NULL || s.loop == NULL)

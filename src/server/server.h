@@ -28,9 +28,9 @@
 #define SERVER_MAX_OPTION (64u << 10) /* option data we agree to buffer */
 #define SERVER_UNIX_SNDBUF (2 << 20)
 #define SERVER_SPLICE_MIN (64u << 10) /* smaller payloads are copied */
-/* Pipes one spliced payload may span: an unprivileged process gets pipes
- * of at most fs.pipe-max-size (1 MiB by default), and a 2 MiB payload
- * (qemu-img's) wants 4 MiB of pipe. Larger payloads are copied. */
+/* Pipes one spliced payload may span: a process without CAP_SYS_RESOURCE
+ * gets pipes of at most fs.pipe-max-size (1 MiB by default), and partly
+ * filled pages may take more slots than the payload's size says. */
 #define REQ_PIPES 4
 #define SERVER_TICK_MS 200
 #define CONN_LOG_CAP 16 /* TCP_INFO sampling period with --stats */
@@ -63,6 +63,8 @@ struct server {
   struct conn *conns; /* all live connections, loop thread only */
   uint64_t last_sweep_ms; /* handshake deadlines last checked */
   uint64_t accept_paused_ms; /* listeners off since (out of fds), or 0 */
+  bool accept_starved;       /* out of fds since the last accept */
+  size_t pipe_max;           /* fs.pipe-max-size: largest pipe we ask for */
   bool warned_sndbuf;     /* the clipped-SO_SNDBUF warning was given */
   struct tls_creds *tls; /* NULL when cfg.tls_mode is TLS_OFF */
 
@@ -111,11 +113,11 @@ struct req {
   int iov_left;
   struct req *next;   /* free list or send queue link */
   /* Splice path: the payload waits in pipes 0..pipe_cur, pipe_len[i]
-   * bytes in pipe i, in payload order. npipes are open, each holding at
-   * most pipe_size; they stay open for the request's next use. */
+   * bytes in pipe i, in payload order. npipes are open, each sized at
+   * least pipe_size; they stay open, empty, for the request's next use. */
   int pipe[REQ_PIPES][2];
   size_t pipe_len[REQ_PIPES];
-  unsigned npipes, nused, pipe_cur;
+  unsigned npipes, pipe_cur;
   size_t pipe_size;
   bool spliced;       /* this WRITE's payload is in the pipes, not buf */
 };
@@ -170,9 +172,6 @@ struct conn {
   bool closing;         /* DISC seen: close after the last reply */
   bool hs_failed;       /* handshake output could not be queued */
   bool send_failed;     /* a worker saw the socket fail: loop closes */
-  bool no_splice;       /* no pipe could be had: copy payloads */
-  size_t pipe_cap;      /* largest pipe size the kernel allows us, once
-                           a larger one was refused; 0 until then */
   bool last_spliced;    /* loop only: the last WRITE payload was spliced */
   bool in_resume;       /* on srv->resume */
   struct req *sendq, *sendq_tail; /* replies waiting for the socket */
@@ -222,6 +221,7 @@ struct export *server_find_export(struct server *s, const uint8_t *name,
 void conn_update_events(struct conn *c); /* under c->lock */
 void req_destroy(struct req *q);
 void req_close_pipes(struct req *q);
+bool req_add_pipe(struct req *q);
 int req_reserve(struct req *q, size_t n); /* buf of at least n bytes */
 
 #endif

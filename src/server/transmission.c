@@ -607,57 +607,60 @@ req_close_pipes(struct req *q)
     close(q->pipe[i][0]);
     close(q->pipe[i][1]);
   }
-  q->npipes = q->nused = 0;
+  q->npipes = 0;
   q->pipe_size = 0;
+}
+
+/* Opens one more pipe of pipe_size for a payload that overflowed the
+ * others; false when there is no room or the kernel says no. */
+bool
+req_add_pipe(struct req *q)
+{
+  if (q->npipes >= REQ_PIPES ||
+      sock_pipe_sized(q->pipe[q->npipes], q->pipe_size) < 0)
+    return false;
+  q->npipes++;
+  return true;
 }
 
 /* Large WRITE payloads for exports that can take them from a pipe skip
  * user space: socket -> pipes on the loop, pipes -> file on the worker.
  * Only for the plain transport; TLS must decrypt in user space anyway.
- * A pipe slot holds one page reference, and a sender that uses
- * sendfile(2) delivers pages partly filled around its headers, so the
- * pipes hold twice the payload (conn_read_splice copes anyway). Pipes are
- * as large as the kernel grants (fs.pipe-max-size, 1 MiB by default,
- * limits a process without CAP_SYS_RESOURCE), up to REQ_PIPES of them. */
+ * A pipe slot holds one page reference, often a whole fragment of a
+ * socket buffer, but a sender using sendfile(2) delivers pages partly
+ * filled around its headers. So the pipes start as large as the payload
+ * (in pieces of at most fs.pipe-max-size, the limit of a process without
+ * CAP_SYS_RESOURCE), conn_read_splice opens more if they fill, and past
+ * REQ_PIPES the payload falls back to a copy. A pipe the kernel refuses
+ * (fds, or the per-user pipe budget) costs this payload its splice, not
+ * the connection's. */
 static bool
 req_use_splice(struct conn *c, struct req *q, uint64_t payload)
 {
   if (q->r.type != NBD_CMD_WRITE || payload < SERVER_SPLICE_MIN ||
-      c->no_splice || c->exp->ops->splice_in == NULL ||
-      c->t.ops != &transport_plain_ops)
+      c->exp->ops->splice_in == NULL || c->t.ops != &transport_plain_ops)
     return false;
-  size_t want = 2 * (size_t)payload;
-  for (;;) {
-    size_t per = c->pipe_cap && c->pipe_cap < want ? c->pipe_cap : want;
-    unsigned k = (unsigned)((want + per - 1) / per);
-    if (k > REQ_PIPES)
-      return false; /* this payload is copied; smaller ones still splice */
-    if (q->npipes * q->pipe_size < want) {
-      req_close_pipes(q);
-      int r = 0;
-      while (q->npipes < k &&
-             (r = sock_pipe_sized(q->pipe[q->npipes], per)) == 0)
-        q->npipes++;
-      if (r == -EPERM && per > SERVER_SPLICE_MIN) {
-        /* Above the kernel's limit for us: learn it, then retry. */
-        req_close_pipes(q);
-        c->pipe_cap = per / 2;
-        continue;
-      }
-      if (r < 0) {
-        req_close_pipes(q);
-        c->no_splice = true; /* out of pipes or fds: copy instead */
-        log_debug("%s: no %u pipes of %zu bytes (%s); copying payloads",
-                  c->peer, k, per, strerror(-r));
-        return false;
-      }
-      q->pipe_size = per;
+  size_t per = c->srv->pipe_max < payload ? c->srv->pipe_max
+                                           : (size_t)payload;
+  unsigned k = (unsigned)((payload + per - 1) / per);
+  if (k > REQ_PIPES)
+    return false; /* copied; smaller payloads still splice */
+  if (q->npipes > 0 && q->pipe_size < per)
+    req_close_pipes(q);
+  if (q->npipes < k)
+    q->pipe_size = per; /* the open ones are at least as large */
+  while (q->npipes < k) {
+    int r = sock_pipe_sized(q->pipe[q->npipes], per);
+    if (r < 0) {
+      log_debug("%s: no pipe of %zu bytes (%s); copying this payload",
+                c->peer, per, strerror(-r));
+      return false;
     }
-    q->nused = (unsigned)((want + q->pipe_size - 1) / q->pipe_size);
-    q->pipe_cur = 0;
-    memset(q->pipe_len, 0, sizeof q->pipe_len);
-    return true;
+    q->npipes++;
   }
+  q->pipe_cur = 0;
+  memset(q->pipe_len, 0, sizeof q->pipe_len);
+  return true;
 }
 
 int

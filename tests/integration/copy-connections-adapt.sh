@@ -20,14 +20,8 @@ need qemu-nbd qemu-utils
 need python3
 need sysctl procps
 
-NS_A=nbdflow-ca$$
-NS_B=nbdflow-cb$$
-NET=10.199.5
 tmpdir_make
-on_exit "'$DOWN' --ns-a $NS_A --ns-b $NS_B >/dev/null 2>&1"
-"$UP" --ns-a "$NS_A" --ns-b "$NS_B" --net $NET --start "$LINKEM" \
-    --rtt-ms 20 -- --rate 1gbit >"$TMP/up.log" 2>&1 ||
-    fail "netns-up.sh failed: $(tail -3 "$TMP/up.log")"
+linkem_link c 10.199.5 20 1gbit
 for ns in "$NS_A" "$NS_B"; do
     ip netns exec "$ns" sysctl -q -w net.ipv4.tcp_wmem="4096 16384 131072" \
         net.ipv4.tcp_rmem="4096 65536 262144" ||

@@ -12,14 +12,8 @@ set -euo pipefail
 linkem_prereqs
 need nbdkit
 
-NS_A=nbdflow-wa$$
-NS_B=nbdflow-wb$$
-NET=10.199.6
 tmpdir_make
-on_exit "'$DOWN' --ns-a $NS_A --ns-b $NS_B >/dev/null 2>&1"
-"$UP" --ns-a "$NS_A" --ns-b "$NS_B" --net $NET --start "$LINKEM" \
-    --rtt-ms 50 -- --rate 1gbit >"$TMP/up.log" 2>&1 ||
-    fail "netns-up.sh failed: $(tail -3 "$TMP/up.log")"
+linkem_link w 10.199.6 50 1gbit
 
 ip netns exec "$NS_B" nbdkit -f -i $NET.2 -p 10809 memory 256M \
     >"$TMP/kit.log" 2>&1 &

@@ -291,6 +291,19 @@ linkem_prereqs () {
     [ -x "$LINKEM" ] || skip "emulator not built: $LINKEM"
 }
 
+# linkem_link TAG NET RTT_MS RATE: two namespaces nbdflow-TAGa/TAGb
+# (NS_A, NS_B; NET.1 and NET.2) joined by the emulator at RTT_MS and
+# RATE, removed again at exit. Needs tmpdir_make first.
+linkem_link () {
+    NS_A=nbdflow-${1}a$$
+    NS_B=nbdflow-${1}b$$
+    NET=$2
+    on_exit "'$DOWN' --ns-a $NS_A --ns-b $NS_B >/dev/null 2>&1"
+    "$UP" --ns-a "$NS_A" --ns-b "$NS_B" --net "$NET" --start "$LINKEM" \
+        --rtt-ms "$3" -- --rate "$4" >"$TMP/up.log" 2>&1 ||
+        fail "netns-up.sh failed: $(tail -3 "$TMP/up.log")"
+}
+
 # ---- Failed copies -----------------------------------------------------------
 
 # check_copy_failed NAME RC TEXT: a copy that exited RC with its stdout in
