@@ -380,8 +380,8 @@ nbd_fit_window(struct endpoint *e, uint64_t bytes)
     return;
   unsigned upto = want < p->n ? (unsigned)want : p->n;
   log_debug("%s: window of %llu KiB, %llu KiB per connection: "
-           "%u connections", e->name, (unsigned long long)(bytes >> 10),
-           (unsigned long long)(p->conn_bytes >> 10), upto);
+            "%u connections", e->name, (unsigned long long)(bytes >> 10),
+            (unsigned long long)(p->conn_bytes >> 10), upto);
   nbd_start_jobs(e, upto);
 }
 
