@@ -262,24 +262,28 @@ sock_set_rcvbuf(int fd, int size, int *effective)
   return sock_set_buf(fd, SO_RCVBUF, size, effective);
 }
 
-/* The third figure of a tcp_wmem/tcp_rmem sysctl, or 0. */
+/* Figure number index (from 0) of a sysctl file, or 0. */
 static uint64_t
-sock_sysctl_max(const char *path)
+sock_sysctl_num(const char *path, int index)
 {
   FILE *f = fopen(path, "re");
   if (f == NULL)
     return 0;
-  unsigned long long lo, def, hi;
-  int n = fscanf(f, "%llu %llu %llu", &lo, &def, &hi);
+  unsigned long long v = 0;
+  for (int i = 0; i <= index; i++)
+    if (fscanf(f, "%llu", &v) != 1) {
+      v = 0;
+      break;
+    }
   fclose(f);
-  return n == 3 ? hi : 0;
+  return v;
 }
 
 int
 sock_tcp_autotune_max(uint64_t *send, uint64_t *recv)
 {
-  *send = sock_sysctl_max("/proc/sys/net/ipv4/tcp_wmem");
-  *recv = sock_sysctl_max("/proc/sys/net/ipv4/tcp_rmem");
+  *send = sock_sysctl_num("/proc/sys/net/ipv4/tcp_wmem", 2);
+  *recv = sock_sysctl_num("/proc/sys/net/ipv4/tcp_rmem", 2);
   return *send && *recv ? 0 : -ENOENT;
 }
 
@@ -362,14 +366,16 @@ sock_pipe_sized(int fds[2], size_t size)
 size_t
 sock_pipe_max_size(void)
 {
-  unsigned long long v = 0;
-  FILE *f = fopen("/proc/sys/fs/pipe-max-size", "re");
-  if (f != NULL) {
-    if (fscanf(f, "%llu", &v) != 1)
-      v = 0;
-    fclose(f);
-  }
+  uint64_t v = sock_sysctl_num("/proc/sys/fs/pipe-max-size", 0);
   return v >= 4096 ? (size_t)v : (size_t)1 << 20;
+}
+
+void
+sock_pipe_drain(int fd)
+{
+  char sink[4096];
+  while (read(fd, sink, sizeof sink) > 0)
+    ;
 }
 
 int

@@ -57,6 +57,8 @@ int sock_pipe_sized(int fds[2], size_t size);
 /* fs.pipe-max-size: the largest pipe a process without CAP_SYS_RESOURCE
  * may ask for (1 MiB when it cannot be read). */
 size_t sock_pipe_max_size(void);
+/* Empties a non-blocking pipe, discarding its bytes. */
+void sock_pipe_drain(int fd);
 /* "host:port" or "unix:path" of the peer, for log lines. */
 void sock_peer_name(int fd, char *buf, size_t len);
 

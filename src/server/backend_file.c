@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "export.h"
+#include "net/sock.h"
 #include "proto/nbd.h"
 #include "util/log.h"
 
@@ -194,14 +195,6 @@ file_extents(struct export *e, uint64_t off, uint64_t len, struct extent *ext,
   return n;
 }
 
-/* Empties a pipe whose bytes can no longer go anywhere. */
-static void
-file_drain(int pipefd)
-{
-  char sink[4096];
-  while (read(pipefd, sink, sizeof sink) > 0)
-    ;
-}
 
 /* Writes through a bounce buffer, for file systems that cannot splice. */
 static int
@@ -211,7 +204,7 @@ file_copy_in(struct export *e, int pipefd, uint64_t len, uint64_t off)
   char *buf = malloc(cap);
   int r = 0;
   if (buf == NULL) {
-    file_drain(pipefd);
+    sock_pipe_drain(pipefd);
     return -ENOMEM;
   }
   while (len > 0 && r == 0) {
@@ -226,7 +219,7 @@ file_copy_in(struct export *e, int pipefd, uint64_t len, uint64_t off)
   }
   free(buf);
   if (r < 0)
-    file_drain(pipefd);
+    sock_pipe_drain(pipefd);
   return r;
 }
 
@@ -248,7 +241,7 @@ file_splice_in(struct export *e, int pipefd, uint64_t len, uint64_t off,
     }
     if (n <= 0) {
       r = n < 0 ? -errno : -EIO; /* n == 0: the payload was short */
-      file_drain(pipefd);
+      sock_pipe_drain(pipefd);
       break;
     }
     moved = true;

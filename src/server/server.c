@@ -452,19 +452,20 @@ server_accept(struct loop *l, int lfd, uint32_t events, void *arg)
     int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       int err = errno;
-      if ((err == EMFILE || err == ENFILE || err == ENOBUFS ||
-           err == ENOMEM) && s->accept_paused_ms == 0) {
+      if (err == EMFILE || err == ENFILE || err == ENOBUFS ||
+          err == ENOMEM) {
         /* The listener stays readable: without a pause the loop would
-         * spin here. server_tick turns it back on. */
+         * spin here. server_tick turns it back on. Another listener of
+         * the same batch finds them paused already. */
         if (!s->accept_starved)
           log_warn("accept: %s; pausing new connections until fds are "
                    "free", strerror(err));
         s->accept_starved = true;
-        for (int i = 0; i < s->nlisten; i++)
-          loop_mod(l, s->listen_fds[i], 0);
-        s->accept_paused_ms = loop_now_ms();
-      } else if (s->accept_paused_ms) {
-        /* another listener of the same batch: already paused */
+        if (s->accept_paused_ms == 0) {
+          for (int i = 0; i < s->nlisten; i++)
+            loop_mod(l, s->listen_fds[i], 0);
+          s->accept_paused_ms = loop_now_ms();
+        }
       } else if (err != EAGAIN && err != EINTR && err != ECONNABORTED) {
         log_warn("accept: %s", strerror(err));
       }

@@ -275,14 +275,7 @@ req_splice_out(struct req *q, bool fua)
     size_t len = q->pipe_len[i];
     q->pipe_len[i] = 0;
     if (r < 0) { /* an earlier piece failed: just empty this pipe */
-      char sink[4096];
-      while (len > 0) {
-        ssize_t n = read(q->pipe[i][0], sink,
-                         len < sizeof sink ? len : sizeof sink);
-        if (n <= 0)
-          break;
-        len -= (size_t)n;
-      }
+      sock_pipe_drain(q->pipe[i][0]);
       continue;
     }
     r = e->ops->splice_in(e, q->pipe[i][0], len, off, fua &&
