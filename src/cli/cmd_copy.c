@@ -228,7 +228,8 @@ copy_report_json(const struct copy_args *a, const struct copy_stats *st,
          "\"bytes_zeroed\": %llu, \"bytes_skipped\": %llu, "
          "\"seconds\": %.3f, \"mib_per_s\": %.1f, \"requests\": %llu, "
          "\"connections\": {\"source\": %u, \"destination\": %u}, "
-         "\"request_size\": %llu, \"window_bytes\": %llu, "
+         "\"request_size\": %llu, \"opening_request\": %llu, "
+         "\"window_bytes\": %llu, "
          "\"peak_inflight_bytes\": %llu, \"peak_depth\": %u, "
          "\"data_path\": \"%s\", \"verified\": %s, "
          "\"diagnostic\": {\"nagle\": %s, \"split_writes\": %s, "
@@ -238,6 +239,7 @@ copy_report_json(const struct copy_args *a, const struct copy_stats *st,
          (unsigned long long)st->skipped, st->seconds, mibs,
          (unsigned long long)st->requests, st->src_connections,
          st->dst_connections, (unsigned long long)st->request_size,
+         (unsigned long long)st->opening_request,
          (unsigned long long)st->window,
          (unsigned long long)st->peak_inflight, st->peak_depth,
          st->data_path ? st->data_path : "buffer", verified ? "true" : "false",

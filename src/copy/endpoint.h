@@ -34,6 +34,14 @@
 #define ENDPOINT_STATUS_SPAN (UINT64_C(1) << 30)
 /* Largest single ZERO operation. */
 #define ENDPOINT_ZERO_MAX (UINT64_C(1) << 30)
+/* First READ or WRITE an NBD endpoint asks for (endpoint.opening_request).
+ * A server that mallocs each request's buffer (qemu-nbd) under glibc
+ * otherwise faults in every page of every payload: glibc maps large
+ * buffers afresh, or trims its heap under them, until it has freed one
+ * buffer of a size that raises its thresholds (to that size, and twice it
+ * for trimming) above the copy's own churn. Measured into a fresh
+ * qemu-nbd: 528,000 faults per 2 GiB without, 5,500 with. */
+#define ENDPOINT_OPENING_REQUEST (UINT64_C(4) << 20)
 
 struct loop;
 struct endpoint;
@@ -129,6 +137,8 @@ struct endpoint {
   bool can_flush;
   uint32_t align;     /* offsets and lengths must be multiples */
   uint64_t max_request; /* largest READ or WRITE */
+  uint64_t opening_request; /* a first READ or WRITE this large (capped
+                               by max_request) helps; 0: no preference */
   unsigned connections;
   bool multi_conn;    /* server allows several connections */
   bool can_send_file; /* WRITE accepts from_file (plain NBD transport) */

@@ -692,6 +692,7 @@ endpoint_open_nbd(struct ep_env *env, const char *spec,
   e->can_flush = in->tflags & NBD_FLAG_SEND_FLUSH;
   e->align = in->min_block;
   e->max_request = in->max_block < (32u << 20) ? in->max_block : 32u << 20;
+  e->opening_request = ENDPOINT_OPENING_REQUEST;
   e->connections = 1; /* nbd_join_one counts the later ones */
   e->multi_conn = in->tflags & NBD_FLAG_CAN_MULTI_CONN;
   /* every connection has the same transport and options as the first */

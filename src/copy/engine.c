@@ -34,6 +34,7 @@ struct cop {
   bool from_file;     /* data sent straight from the source file's range,
                          which this piece borrows until release; no buf */
   uint8_t *buf;       /* from the pool; owned by this piece until release */
+  bool own_buf;       /* buf is the opening piece's own, freed on release */
   uint64_t charge;    /* bytes counted against the window */
   uint64_t t0_us;
   uint64_t t_sub_us;  /* when its read or write was submitted */
@@ -49,6 +50,10 @@ struct engine {
 
   uint64_t size;        /* bytes to copy; UINT64_MAX until a pipe ends */
   uint64_t rsize, align, zero_max;
+  uint64_t open_len;    /* length of the opening data piece while it is
+                           still to be sent; 0 once sent or when no
+                           endpoint wants one */
+  uint64_t open_max;    /* the same, as set up */
   uint64_t window;
   bool adaptive;
   bool ordered;         /* pieces pass the gate in offset order */
@@ -184,8 +189,11 @@ eng_cop_release(struct engine *e, struct cop *c)
 {
   eng_gate_unlink(e, c);
   if (c->data) {
-    if (c->buf)
+    if (c->own_buf) {
+      free(c->buf);
+    } else if (c->buf) {
       eng_buf_put(e, c->buf);
+    }
     c->buf = NULL;
     e->inflight -= c->charge;
     e->data_active--;
@@ -376,8 +384,14 @@ eng_read_done(struct engine *e, struct cop *c)
     }
   }
   if (!e->o->allocated && !e->o->no_zero_detect &&
-      buf_is_zero(c->buf, (size_t)c->length))
+      buf_is_zero(c->buf, (size_t)c->length)) {
     c->zero = true;
+    if (c->own_buf && e->st->opening_request == c->length) {
+      /* Zeroes go out as ZERO, not as the large WRITE: open again. */
+      e->open_len = e->open_max;
+      e->st->opening_request = 0;
+    }
+  }
   eng_ready(e, c);
 }
 
@@ -473,11 +487,15 @@ eng_request_extents(struct engine *e, uint64_t from)
   }
 }
 
-/* Length of a data piece at pos that may end no later than end. */
+/* Length of a data piece at pos that may end no later than end: on the
+ * request size's grid, or the opening piece's while that is still to be
+ * sent (it is as large as the window at most, so it waits until nothing
+ * else is in flight). */
 static uint64_t
 eng_data_len(struct engine *e, uint64_t end)
 {
-  uint64_t grid = e->rsize - e->pos % e->rsize;
+  uint64_t step = e->open_len ? e->open_len : e->rsize;
+  uint64_t grid = step - e->pos % step;
   uint64_t len = eng_min(end - e->pos, grid);
   if (e->size != UINT64_MAX)
     len = eng_min(len, e->size - e->pos);
@@ -498,7 +516,7 @@ eng_plan(struct engine *e, uint64_t *len, bool *zero)
     return PLAN_DONE;
   *zero = false;
   if (!e->src->has_extents) {
-    *len = eng_data_len(e, e->pos + e->rsize);
+    *len = eng_data_len(e, e->pos + (e->open_len ? e->open_len : e->rsize));
     return PLAN_OK;
   }
   if (!e->ext_pending && e->ext_end < e->size &&
@@ -567,7 +585,8 @@ eng_cop_take(struct engine *e, uint64_t len, bool zero)
 }
 
 /* Issues one piece if the window, the pool and the planner allow it.
- * Returns true when something was issued. */
+ * Returns true when something was issued, or when the plan changed and
+ * it should be asked again. */
 static bool
 eng_issue_one(struct engine *e)
 {
@@ -593,11 +612,25 @@ eng_issue_one(struct engine *e)
   if (e->inflight > 0 && e->inflight + len > e->window)
     return false;
   uint8_t *buf = NULL;
-  if (!e->send_file && (buf = eng_buf_take(e)) == NULL)
+  bool opening = len > e->rsize;
+  if (opening && !e->send_file) {
+    void *p;
+    if (posix_memalign(&p, 4096, (size_t)len) != 0) {
+      e->open_len = 0; /* go on without: plan again on the grid */
+      return true;
+    }
+    buf = p;
+  } else if (!e->send_file && (buf = eng_buf_take(e)) == NULL) {
     return false;
+  }
+  if (opening) {
+    e->open_len = 0;
+    e->st->opening_request = len;
+  }
   struct cop *c = eng_cop_take(e, len, false);
   c->data = true;
   c->buf = buf; /* the piece owns it now */
+  c->own_buf = opening && buf != NULL;
   c->charge = len;
   e->inflight += len;
   e->data_active++;
@@ -1017,6 +1050,19 @@ eng_setup(struct engine *e)
   if (e->window < e->rsize)
     e->window = e->rsize;
   e->max_bufs = (size_t)((e->window + e->rsize - 1) / e->rsize) + 1;
+  /* The opening piece: only when the request size is ours to choose and
+   * requests are not limited for diagnosis; never above the window. */
+  uint64_t open = e->src->opening_request;
+  if (e->dst && e->dst->opening_request > open)
+    open = e->dst->opening_request;
+  if (open > maxreq)
+    open = maxreq;
+  if (open > e->window)
+    open = e->window;
+  open = open / e->align * e->align;
+  if (open > e->rsize && !o->request_size && !o->max_requests &&
+      !e->src->sequential && !(e->dst && e->dst->sequential))
+    e->open_len = e->open_max = open;
   size_t pool_cap = (size_t)(COPY_WINDOW_CAP / e->rsize) + 2;
   if (pool_cap < e->max_bufs)
     pool_cap = e->max_bufs;

@@ -82,6 +82,7 @@ struct copy_stats {
   uint64_t requests;
   double seconds;
   uint64_t request_size;
+  uint64_t opening_request; /* length of the opening piece, 0: none */
   uint64_t window;        /* final in-flight byte limit */
   uint64_t peak_inflight; /* most bytes in flight at once */
   unsigned peak_depth;    /* most data requests in flight at once */
