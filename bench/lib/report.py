@@ -20,6 +20,7 @@ COLS = ["section", "workload", "client", "server", "transport", "run",
 MIB = 1 << 20
 OURS_SERVER = "nbdflow"
 OURS_CLIENT = "nbdflow-copy"
+CEILING_SERVER = "nbdflow-null"
 TARGET_SERVER = 1.3
 TARGET_CLIENT = 1.3
 TARGET_SPARSE = 1.2
@@ -196,6 +197,38 @@ def section_servers(out, rows, meta):
                 fmt_ratio(ratio),
                 "%.2f-%.2f" % rng if rng else "-",
                 verdict(ratio, TARGET_SERVER)))
+    out.append("")
+    servers_ceiling(out, arms, clients, transports, servers)
+
+
+def servers_ceiling(out, arms, clients, transports, servers):
+    """The same clients into `nbdflow serve null:`, which stores nothing,
+    against the best other server: no server that stores the data could
+    do better than this ratio with that client on this machine."""
+    if not any(k[1] == CEILING_SERVER for k in arms):
+        return
+    out.append("Ceiling: the same clients into `nbdflow serve null:SIZE`, a "
+               "server that stores nothing (so its copies are not "
+               "verified), against the best other server that stores the "
+               "data. A server that stores the data cannot beat this ratio "
+               "with that client on this machine: the rest of the time is "
+               "the client's own and the kernel's.")
+    out.append("")
+    out.append("| client | transport | null: | best other | ratio | "
+               "per-run range |")
+    out.append("|---|---|---|---|---|---|")
+    for c in clients:
+        for t in transports:
+            ceil = arms.get((c, CEILING_SERVER, t))
+            peers = {s: arms.get((c, s, t)) for s in servers
+                     if s != OURS_SERVER}
+            ratio, best, rng = best_peer_ratio(ceil, peers, mibs)
+            if ceil is None or ceil.state() or not ceil.ok:
+                continue
+            out.append("| %s | %s | %s | %s %s | %s | %s |" % (
+                c, t, fmt(ceil.median(mibs)), best or "-",
+                fmt(peers[best].median(mibs)) if best else "",
+                fmt_ratio(ratio), "%.2f-%.2f" % rng if rng else "-"))
     out.append("")
 
 
@@ -434,7 +467,8 @@ def main(argv):
     out.append("- Every copy is verified byte for byte against its source "
                "(holes compared as zeros) after the server has stopped; a "
                "copy that fails or mismatches is listed below and left out "
-               "of the statistics.")
+               "of the statistics. The one exception is the servers "
+               "section's ceiling arm into `null:`, which stores nothing.")
     out.append("- Storage: source and destination are files on %s, so RAM "
                "backs both ends." % m.get("tmpfs", "tmpfs"))
     out.append("- Destination state: %s" % m.get("state", ""))
