@@ -198,21 +198,24 @@ def section_servers(out, rows, meta):
                 "%.2f-%.2f" % rng if rng else "-",
                 verdict(ratio, TARGET_SERVER)))
     out.append("")
-    servers_ceiling(out, arms, clients, transports, servers)
+    servers_null_reference(out, arms, clients, transports, servers)
 
 
-def servers_ceiling(out, arms, clients, transports, servers):
+def servers_null_reference(out, arms, clients, transports, servers):
     """The same clients into `nbdflow serve null:`, which stores nothing,
-    against the best other server: no server that stores the data could
-    do better than this ratio with that client on this machine."""
+    against the best other server: how much of the gap is our write into
+    the file."""
     if not any(k[1] == CEILING_SERVER for k in arms):
         return
-    out.append("Ceiling: the same clients into `nbdflow serve null:SIZE`, a "
-               "server that stores nothing (so its copies are not "
-               "verified), against the best other server that stores the "
-               "data. A server that stores the data cannot beat this ratio "
-               "with that client on this machine: the rest of the time is "
-               "the client's own and the kernel's.")
+    out.append("Storage-free reference: the same clients into `nbdflow "
+               "serve null:SIZE`, an export that stores nothing (so its "
+               "copies are not verified), against the best other server "
+               "that stores the data. It tells how much of a cell's gap "
+               "is our write into the file: what remains at this ratio is "
+               "the client's own time, the kernel's and our server's "
+               "protocol handling. It is not a bound for every server: a "
+               "server whose protocol handling costs the client less "
+               "could do better.")
     out.append("")
     out.append("| client | transport | null: | best other | ratio | "
                "per-run range |")
@@ -468,7 +471,7 @@ def main(argv):
                "(holes compared as zeros) after the server has stopped; a "
                "copy that fails or mismatches is listed below and left out "
                "of the statistics. The one exception is the servers "
-               "section's ceiling arm into `null:`, which stores nothing.")
+               "section's reference arm into `null:`, which stores nothing.")
     out.append("- Storage: source and destination are files on %s, so RAM "
                "backs both ends." % m.get("tmpfs", "tmpfs"))
     out.append("- Destination state: %s" % m.get("state", ""))
