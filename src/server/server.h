@@ -173,6 +173,7 @@ struct conn {
   bool hs_failed;       /* handshake output could not be queued */
   bool send_failed;     /* a worker saw the socket fail: loop closes */
   bool last_spliced;    /* loop only: the last WRITE payload was spliced */
+  bool unacked;         /* bytes read since the last forced ACK */
   bool in_resume;       /* on srv->resume */
   struct req *sendq, *sendq_tail; /* replies waiting for the socket */
   struct req *free_reqs;
