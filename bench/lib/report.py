@@ -20,7 +20,7 @@ COLS = ["section", "workload", "client", "server", "transport", "run",
 MIB = 1 << 20
 OURS_SERVER = "nbdflow"
 OURS_CLIENT = "nbdflow-copy"
-CEILING_SERVER = "nbdflow-null"
+NULL_SERVER = "nbdflow-null"
 TARGET_SERVER = 1.3
 TARGET_CLIENT = 1.3
 TARGET_SPARSE = 1.2
@@ -181,22 +181,8 @@ def section_servers(out, rows, meta):
     out.append("| client | transport | nbdflow | best other | ratio | "
                "per-run range | meets %.1fx |" % TARGET_SERVER)
     out.append("|---|---|---|---|---|---|---|")
-    for c in clients:
-        for t in transports:
-            ours = arms.get((c, OURS_SERVER, t))
-            peers = {s: arms.get((c, s, t)) for s in servers
-                     if s != OURS_SERVER}
-            ratio, best, rng = best_peer_ratio(ours, peers, mibs)
-            if ours is not None and ours.state():
-                out.append("| %s | %s | n/a | - | - | - | - |" % (c, t))
-                continue
-            out.append("| %s | %s | %s | %s %s | %s | %s | %s |" % (
-                c, t, fmt(ours.median(mibs)) if ours else "-",
-                best or "-",
-                fmt(peers[best].median(mibs)) if best else "",
-                fmt_ratio(ratio),
-                "%.2f-%.2f" % rng if rng else "-",
-                verdict(ratio, TARGET_SERVER)))
+    server_ratio_rows(out, arms, clients, transports, servers, OURS_SERVER,
+                      True)
     out.append("")
     servers_null_reference(out, arms, clients, transports, servers)
 
@@ -205,7 +191,7 @@ def servers_null_reference(out, arms, clients, transports, servers):
     """The same clients into `nbdflow serve null:`, which stores nothing,
     against the best other server: how much of the gap is our write into
     the file."""
-    if not any(k[1] == CEILING_SERVER for k in arms):
+    if not any(k[1] == NULL_SERVER for k in arms):
         return
     out.append("Storage-free reference: the same clients into `nbdflow "
                "serve null:SIZE`, an export that stores nothing (so its "
@@ -220,19 +206,35 @@ def servers_null_reference(out, arms, clients, transports, servers):
     out.append("| client | transport | null: | best other | ratio | "
                "per-run range |")
     out.append("|---|---|---|---|---|---|")
+    server_ratio_rows(out, arms, clients, transports, servers, NULL_SERVER,
+                      False)
+    out.append("")
+
+
+def server_ratio_rows(out, arms, clients, transports, servers, subject,
+                      with_verdict):
+    """One row per client and transport: SUBJECT's median against the best
+    server other than ours, with the per-run range and, if asked, the
+    verdict against the target. A reference subject without figures is
+    left out."""
     for c in clients:
         for t in transports:
-            ceil = arms.get((c, CEILING_SERVER, t))
+            arm = arms.get((c, subject, t))
             peers = {s: arms.get((c, s, t)) for s in servers
                      if s != OURS_SERVER}
-            ratio, best, rng = best_peer_ratio(ceil, peers, mibs)
-            if ceil is None or ceil.state() or not ceil.ok:
+            ratio, best, rng = best_peer_ratio(arm, peers, mibs)
+            if not with_verdict and (arm is None or not arm.ok):
                 continue
-            out.append("| %s | %s | %s | %s %s | %s | %s |" % (
-                c, t, fmt(ceil.median(mibs)), best or "-",
-                fmt(peers[best].median(mibs)) if best else "",
-                fmt_ratio(ratio), "%.2f-%.2f" % rng if rng else "-"))
-    out.append("")
+            if arm is not None and arm.state():
+                out.append("| %s | %s | n/a | - | - | - | - |" % (c, t))
+                continue
+            cells = [c, t, fmt(arm.median(mibs)) if arm else "-",
+                     "%s %s" % (best or "-",
+                                fmt(peers[best].median(mibs)) if best else ""),
+                     fmt_ratio(ratio), "%.2f-%.2f" % rng if rng else "-"]
+            if with_verdict:
+                cells.append(verdict(ratio, TARGET_SERVER))
+            out.append("| %s |" % " | ".join(cells))
 
 
 def clients_table(out, arms, workload, size_note):
