@@ -7,8 +7,9 @@
 # request waits ~40 ms (the bench measures 22.7 requests/s against
 # qemu-nbd, nbdkit and nbd-server). Against ours a request takes tens of
 # microseconds. The client counts requests slower than 10 ms; at most 1%
-# of them may be (a busy machine may pause a few): this separates the two
-# behaviours by a wide margin either way and is not a speed figure.
+# of them, or 3, may be (a busy machine may pause a few): this separates
+# the two behaviours by a wide margin either way and is not a speed
+# figure.
 # 512-byte and 64 KiB requests; what they wrote is read back and
 # compared.
 set -euo pipefail
@@ -36,7 +37,8 @@ path, rsize, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 kv = dict(f.split("=", 1) for f in out.split())
 n, stalls = int(kv["requests"]), int(kv["stalls_over_10ms"])
 assert n > 0, "no request completed"
-assert stalls * 100 <= n, "%d of %d requests took over 10 ms" % (stalls, n)
+assert stalls <= max(n // 100, 3), "%d of %d requests took over 10 ms" % (
+    stalls, n)
 # Each request wrote byte i of its slot as (i * 131 + 7) mod 256, slot
 # after slot from offset 0.
 want = bytes((i * 131 + 7) & 0xFF for i in range(rsize))
