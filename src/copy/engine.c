@@ -386,7 +386,7 @@ eng_read_done(struct engine *e, struct cop *c)
   if (!e->o->allocated && !e->o->no_zero_detect &&
       buf_is_zero(c->buf, (size_t)c->length)) {
     c->zero = true;
-    if (c->own_buf && e->st->opening_request == c->length) {
+    if (c->own_buf) {
       /* Zeroes go out as ZERO, not as the large WRITE: open again. */
       e->open_len = e->open_max;
       e->st->opening_request = 0;
@@ -487,14 +487,20 @@ eng_request_extents(struct engine *e, uint64_t from)
   }
 }
 
-/* Length of a data piece at pos that may end no later than end: on the
- * request size's grid, or the opening piece's while that is still to be
- * sent (it is as large as the window at most, so it waits until nothing
- * else is in flight). */
+/* The grid data pieces are cut on: the request size, or the opening
+ * piece's length while that is still to be sent (it is as large as the
+ * window at most, so it waits until nothing else is in flight). */
+static uint64_t
+eng_step(const struct engine *e)
+{
+  return e->open_len ? e->open_len : e->rsize;
+}
+
+/* Length of a data piece at pos that may end no later than end. */
 static uint64_t
 eng_data_len(struct engine *e, uint64_t end)
 {
-  uint64_t step = e->open_len ? e->open_len : e->rsize;
+  uint64_t step = eng_step(e);
   uint64_t grid = step - e->pos % step;
   uint64_t len = eng_min(end - e->pos, grid);
   if (e->size != UINT64_MAX)
@@ -516,7 +522,7 @@ eng_plan(struct engine *e, uint64_t *len, bool *zero)
     return PLAN_DONE;
   *zero = false;
   if (!e->src->has_extents) {
-    *len = eng_data_len(e, e->pos + (e->open_len ? e->open_len : e->rsize));
+    *len = eng_data_len(e, e->pos + eng_step(e));
     return PLAN_OK;
   }
   if (!e->ext_pending && e->ext_end < e->size &&
