@@ -195,7 +195,6 @@ file_extents(struct export *e, uint64_t off, uint64_t len, struct extent *ext,
   return n;
 }
 
-
 /* Writes through a bounce buffer, for file systems that cannot splice. */
 static int
 file_copy_in(struct export *e, int pipefd, uint64_t len, uint64_t off)

@@ -304,7 +304,7 @@ conn_read_splice(struct conn *c)
                                     c->need - c->have);
     if (n == -EAGAIN && sock_readable_bytes(c->fd) > 0) {
       /* The pipe is full, not the socket: on to the next one. */
-      if (q->pipe_cur + 1 >= q->npipes && !req_add_pipe(q))
+      if (q->pipe_cur + 1 >= q->npipes && req_add_pipe(q) < 0)
         return conn_splice_fallback(c);
       q->pipe_cur++;
       continue;

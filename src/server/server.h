@@ -222,7 +222,7 @@ struct export *server_find_export(struct server *s, const uint8_t *name,
 void conn_update_events(struct conn *c); /* under c->lock */
 void req_destroy(struct req *q);
 void req_close_pipes(struct req *q);
-bool req_add_pipe(struct req *q);
+int req_add_pipe(struct req *q); /* one more pipe of pipe_size */
 int req_reserve(struct req *q, size_t n); /* buf of at least n bytes */
 
 #endif

@@ -604,16 +604,17 @@ req_close_pipes(struct req *q)
   q->pipe_size = 0;
 }
 
-/* Opens one more pipe of pipe_size for a payload that overflowed the
- * others; false when there is no room or the kernel says no. */
-bool
+/* Opens one more pipe of pipe_size; 0, -ENOSPC when the request holds
+ * REQ_PIPES already, or the kernel's -errno. */
+int
 req_add_pipe(struct req *q)
 {
-  if (q->npipes >= REQ_PIPES ||
-      sock_pipe_sized(q->pipe[q->npipes], q->pipe_size) < 0)
-    return false;
-  q->npipes++;
-  return true;
+  if (q->npipes >= REQ_PIPES)
+    return -ENOSPC;
+  int r = sock_pipe_sized(q->pipe[q->npipes], q->pipe_size);
+  if (r == 0)
+    q->npipes++;
+  return r;
 }
 
 /* Large WRITE payloads for exports that can take them from a pipe skip
@@ -643,13 +644,12 @@ req_use_splice(struct conn *c, struct req *q, uint64_t payload)
   if (q->npipes < k)
     q->pipe_size = per; /* the open ones are at least as large */
   while (q->npipes < k) {
-    int r = sock_pipe_sized(q->pipe[q->npipes], per);
+    int r = req_add_pipe(q);
     if (r < 0) {
       log_debug("%s: no pipe of %zu bytes (%s); copying this payload",
                 c->peer, per, strerror(-r));
       return false;
     }
-    q->npipes++;
   }
   q->pipe_cur = 0;
   memset(q->pipe_len, 0, sizeof q->pipe_len);
