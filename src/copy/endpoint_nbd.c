@@ -477,7 +477,11 @@ nbd_join_one(struct endpoint *e, unsigned i)
   if (r == 0 && (r = nbd_register(e, s)) < 0)
     snprintf(s->c.errmsg, sizeof s->c.errmsg, "event loop: %s",
              strerror(-r));
-  if (r < 0 && i >= ENDPOINT_AUTO_CONNECTIONS && p->conn_bytes) {
+  if (r == 0) {
+    e->connections++;
+    return;
+  }
+  if (i >= ENDPOINT_AUTO_CONNECTIONS && p->conn_bytes) {
     /* One added for the window: a server that caps its connections
      * (qemu-nbd -e N still advertises multi-conn) leaves it hanging or
      * refuses it. Not news; just add no more. */
@@ -485,15 +489,11 @@ nbd_join_one(struct endpoint *e, unsigned i)
     if (!p->closing)
       log_debug("%s: connection %u failed (%s); adding no more",
                 e->name, i + 1, s->c.errmsg);
-    client_close(&s->c);
-  } else if (r < 0) {
-    if (!p->closing)
-      log_warn("%s: connection %u of %u failed, going on without it: %s",
-               e->name, i + 1, p->started, s->c.errmsg);
-    client_close(&s->c);
-  } else {
-    e->connections++;
+  } else if (!p->closing) {
+    log_warn("%s: connection %u of %u failed, going on without it: %s",
+             e->name, i + 1, p->started, s->c.errmsg);
   }
+  client_close(&s->c);
 }
 
 static void
