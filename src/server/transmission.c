@@ -520,6 +520,11 @@ req_check(struct conn *c, const struct wire_request *r, char *why,
     snprintf(why, wl, "%s with a payload", wire_cmd_name(r->type));
     return NBD_EINVAL;
   }
+  if (c->extended && r->type == NBD_CMD_WRITE &&
+      !(r->flags & NBD_CMD_FLAG_PAYLOAD_LEN)) {
+    snprintf(why, wl, "WRITE without PAYLOAD_LEN (no payload follows)");
+    return NBD_EINVAL;
+  }
   bool writes = r->type == NBD_CMD_WRITE || r->type == NBD_CMD_TRIM ||
                 r->type == NBD_CMD_WRITE_ZEROES;
   if (writes && e->read_only) {
@@ -679,9 +684,12 @@ transmission_header(struct conn *c)
     c->dst = NULL;
     return now ? -1 : 0; /* -1 closes at once, gracefully */
   }
-  /* Compact headers know no PAYLOAD_LEN: there it is just a bad flag. */
-  bool has_payload = q->r.type == NBD_CMD_WRITE ||
-                     (c->extended && (q->r.flags & NBD_CMD_FLAG_PAYLOAD_LEN));
+  /* Compact headers: only WRITE carries a payload, and PAYLOAD_LEN is
+   * just a bad flag. Extended headers: the flag alone says whether a
+   * payload follows, whatever the command (a WRITE without it has none,
+   * and req_check refuses it). */
+  bool has_payload = c->extended ? (q->r.flags & NBD_CMD_FLAG_PAYLOAD_LEN)
+                                 : q->r.type == NBD_CMD_WRITE;
   uint64_t payload = has_payload ? q->r.length : 0;
   if (payload > SERVER_MAX_PAYLOAD) {
     conn_log(c, "%s payload of %llu bytes exceeds the maximum %u",

@@ -4,7 +4,8 @@ STRUCTURED_REPLY afterwards gets ERR_EXT_HEADER_REQD, requests are 32-byte
 extended requests, every reply is a 32-byte extended chunk echoing the
 request's offset, WRITE carries PAYLOAD_LEN, BLOCK_STATUS answers with
 BLOCK_STATUS_EXT; a payload on a command that takes none is consumed and
-refused, and a 64-bit length past the end is refused without a disconnect."""
+refused, a WRITE without PAYLOAD_LEN carries no payload and is refused, and
+a 64-bit length past the end is refused without a disconnect."""
 import os
 import struct
 import sys
@@ -107,6 +108,22 @@ def main(server):
     ext_request(c, CMD_READ, 4096, 512, cookie=13)
     err, got, _ = ext_reply(c, 13, 4096)
     expect(err == 0 and got == data[:512], "stream in step afterwards")
+
+    # A WRITE without PAYLOAD_LEN: with extended headers the flag alone
+    # frames the request, so no payload follows. The 32 bytes after it
+    # are the next request (a READ), not data to write.
+    ext_request(c, CMD_WRITE, 0, 32, cookie=14)
+    ext_request(c, CMD_READ, 0, 32, cookie=15)
+    ext_request(c, CMD_READ, 4096, 32, cookie=16)
+    err, _, _ = ext_reply(c, 14, 0)
+    expect_err(err, EINVAL, "WRITE without PAYLOAD_LEN")
+    err, got, _ = ext_reply(c, 15, 0)
+    expect(err == 0 and got == bytes(32),
+           "the request after it is served and the export is unchanged")
+    err, got, _ = ext_reply(c, 16, 4096)
+    expect(err == 0 and got == data[:32], "stream in step after it")
+    check_logged(server, c.client_id(), "WRITE without PAYLOAD_LEN",
+                 "PAYLOAD_LEN")
     ext_request(c, CMD_DISC, 0, 0)
     c.close()
     still_serving(server, what="extended headers")
