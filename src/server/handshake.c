@@ -454,7 +454,9 @@ handshake_option(struct conn *c)
   }
   if (opt_tls_required(c, &r)) {
     /* answered; an over-long option's data was dropped already */
-  } else if (c->state == CS_OPT_DISCARD) {
+  } else if (c->state == CS_OPT_DISCARD && c->opt.option != NBD_OPT_ABORT) {
+    /* ABORT is answered below whatever its data: its ACK is a MUST and
+     * the data (dropped as it came) is to be ignored. */
     if (c->opt.option == NBD_OPT_EXPORT_NAME) {
       conn_log(c, "EXPORT_NAME of %u bytes is too long", len);
       return -1;

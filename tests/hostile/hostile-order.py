@@ -102,6 +102,18 @@ def main(server):
     expect(c.wait_closed(10), "server closes after ABORT")
     c.close()
 
+    # ABORT with more data than any option may carry: the ACK is still a
+    # MUST (the data is ignored), then the server closes.
+    c = Conn(server)
+    c.greeting()
+    c.send(opt_bytes(OPT_ABORT, bytes(70000)))
+    o, t, _ = c.opt_reply()
+    expect(o == OPT_ABORT and t == REP_ACK,
+           "ABORT with 70000 bytes of data answered with ACK (%s)"
+           % repname(t))
+    expect(c.wait_closed(10), "server closes after ABORT with data")
+    c.close()
+
     # DF without structured replies: the flag is not advertised -> EINVAL.
     c = Conn(server)
     c.open_export(structured=False)
