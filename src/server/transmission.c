@@ -70,9 +70,11 @@ reply_error(struct req *q)
 {
   struct conn *c = q->c;
   q->iovcnt = 0;
-  /* After structured replies, a READ must be answered in chunks; an
-   * error chunk also carries a message. */
-  if (c->extended || (c->structured && q->r.type == NBD_CMD_READ)) {
+  /* After structured replies, READ and BLOCK_STATUS must be answered in
+   * chunks, errors included; an error chunk also carries a message. */
+  bool chunked = q->r.type == NBD_CMD_READ ||
+                 q->r.type == NBD_CMD_BLOCK_STATUS;
+  if (c->extended || (c->structured && chunked)) {
     const char *m = q->errmsg ? q->errmsg : "";
     uint16_t ml = (uint16_t)strlen(m);
     size_t h = wire_encode_chunk(q->hdr, c->extended, NBD_REPLY_FLAG_DONE,

@@ -2,7 +2,7 @@
 """Requests past the end of the export and wrapping past 2^64: NBD_EINVAL
 for READ, TRIM, CACHE and BLOCK_STATUS, NBD_ENOSPC for WRITE and
 WRITE_ZEROES, no disconnect, no data touched; with simple and with
-structured replies."""
+structured replies (where BLOCK_STATUS errors come as error chunks)."""
 import os
 import sys
 
@@ -59,6 +59,10 @@ def main(server):
             if structured:
                 err, _ = c.do(CMD_BLOCK_STATUS, off, length)
                 expect_err(err, EINVAL, "BLOCK_STATUS " + what)
+                # Its reply MUST be structured, errors included.
+                expect(c.reply_form == "structured",
+                       "BLOCK_STATUS error as an error chunk (%s reply)"
+                       % c.reply_form)
         # Still connected, and the data at the end is intact.
         err, data = c.do(CMD_READ, SIZE - 4096, 4096)
         expect_err(err, 0, "%s: READ of the last 4 KiB after all that" % mode)

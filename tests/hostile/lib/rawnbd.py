@@ -338,9 +338,12 @@ class Conn:
 
     def reply(self, cookie=None, read_len=0):
         """Reads one whole reply. Returns (error, data) where data is the
-        READ payload reassembled (holes as zeroes) or block-status chunks.
+        READ payload reassembled (holes as zeroes) or block-status chunks;
+        reply_form tells whether it came as a simple or structured reply.
         read_len: bytes of data a successful simple READ reply carries."""
         magic = struct.unpack(">I", self.recv_exact(4))[0]
+        self.reply_form = ("simple" if magic == SIMPLE_REPLY_MAGIC
+                           else "structured")
         if magic == SIMPLE_REPLY_MAGIC:
             err, ck = struct.unpack(">IQ", self.recv_exact(12))
             if cookie is not None and ck != cookie:
