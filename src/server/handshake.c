@@ -146,7 +146,8 @@ opt_export_name(struct conn *c, const uint8_t *data, uint32_t len)
   }
   struct export *e = server_find_export(c->srv, data, len);
   if (e == NULL) {
-    conn_log(c, "EXPORT_NAME: no export \"%.*s\"", (int)len, (const char *)data);
+    char esc[LOG_ESCAPE_BUF];
+    conn_log(c, "EXPORT_NAME: no export \"%s\"", log_escape(esc, data, len));
     return -1;
   }
   uint8_t r[NBD_EXPORT_NAME_REPLY_LEN + NBD_ZEROES_LEN] = { 0 };
@@ -282,8 +283,10 @@ handshake_tls_step(struct conn *c)
   c->tls = true;
   conn_expect(c, CS_OPT_HDR, c->msg, NBD_OPT_HDR_LEN);
   if (log_threshold >= LOG_DEBUG) {
-    tls_describe(&c->t, err, sizeof err);
-    log_debug("%s: TLS established: %s", c->peer, err);
+    char esc[LOG_ESCAPE_BUF];
+    tls_describe(&c->t, err, sizeof err); /* holds the client's username */
+    log_debug("%s: TLS established: %s", c->peer,
+              log_escape(esc, err, strlen(err)));
   }
   pthread_mutex_lock(&c->lock);
   c->want_out = false;
@@ -318,8 +321,9 @@ opt_info_go(struct conn *c, const uint8_t *data, uint32_t len)
   }
   struct export *e = server_find_export(c->srv, ir.name, ir.name_len);
   if (e == NULL) {
-    opt_error(c, NBD_REP_ERR_UNKNOWN, "no export \"%.*s\"",
-              (int)ir.name_len, (const char *)ir.name);
+    char esc[LOG_ESCAPE_BUF];
+    opt_error(c, NBD_REP_ERR_UNKNOWN, "no export \"%s\"",
+              log_escape(esc, ir.name, ir.name_len));
     return 0;
   }
   bool want_name = false, want_desc = false;
@@ -418,8 +422,9 @@ opt_meta_context(struct conn *c, const uint8_t *data, uint32_t len)
   }
   struct export *e = server_find_export(c->srv, mr.name, mr.name_len);
   if (e == NULL) {
-    opt_error(c, NBD_REP_ERR_UNKNOWN, "no export \"%.*s\"",
-              (int)mr.name_len, (const char *)mr.name);
+    char esc[LOG_ESCAPE_BUF];
+    opt_error(c, NBD_REP_ERR_UNKNOWN, "no export \"%s\"",
+              log_escape(esc, mr.name, mr.name_len));
     return;
   }
   bool hit = !set && mr.nqueries == 0; /* LIST with no query: all */

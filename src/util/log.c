@@ -4,6 +4,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 enum log_level log_threshold = LOG_INFO;
@@ -29,4 +30,30 @@ log_msg(enum log_level level, const char *fmt, ...)
   line[len++] = '\n';
   ssize_t r = write(STDERR_FILENO, line, len);
   (void)r;
+}
+
+const char *
+log_escape(char out[LOG_ESCAPE_BUF], const void *p, size_t len)
+{
+  static const char hex[] = "0123456789abcdef";
+  const unsigned char *s = p;
+  size_t n = len < LOG_ESCAPE_MAX ? len : LOG_ESCAPE_MAX;
+  char *o = out;
+
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] >= 0x20 && s[i] < 0x7f && s[i] != '\\') {
+      *o++ = (char)s[i];
+    } else {
+      *o++ = '\\';
+      *o++ = 'x';
+      *o++ = hex[s[i] >> 4];
+      *o++ = hex[s[i] & 15];
+    }
+  }
+  if (n < len) {
+    memcpy(o, "...", 3);
+    o += 3;
+  }
+  *o = '\0';
+  return out;
 }

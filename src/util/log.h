@@ -2,6 +2,8 @@
 #ifndef NBDFLOW_UTIL_LOG_H
 #define NBDFLOW_UTIL_LOG_H
 
+#include <stddef.h>
+
 enum log_level { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG };
 
 /* Set once at start-up, before any thread starts. */
@@ -9,6 +11,18 @@ extern enum log_level log_threshold;
 
 void log_msg(enum log_level level, const char *fmt, ...)
   __attribute__((format(printf, 2, 3)));
+
+/* Bytes of a peer's string log_escape shows; the rest becomes "...". */
+#define LOG_ESCAPE_MAX 128
+/* Room log_escape needs: each byte may become \xNN, plus "..." and NUL. */
+#define LOG_ESCAPE_BUF (4 * LOG_ESCAPE_MAX + 4)
+
+/* Makes len bytes from a peer (an export name, a username) safe to log:
+ * printable ASCII other than '\' is kept, every other byte is
+ * written as \xNN (so a newline cannot forge a line and an escape cannot
+ * reach a terminal), and past LOG_ESCAPE_MAX bytes the text ends with
+ * "...". out must hold LOG_ESCAPE_BUF bytes; returns out, NUL-terminated. */
+const char *log_escape(char out[LOG_ESCAPE_BUF], const void *p, size_t len);
 
 #define log_error(...) log_msg(LOG_ERROR, __VA_ARGS__)
 #define log_warn(...)  log_msg(LOG_WARN, __VA_ARGS__)

@@ -2,7 +2,8 @@
 """Names longer than 4096 bytes (the spec's MUST limit) in INFO, GO,
 EXPORT_NAME and the meta-context options: an error reply (or, for
 EXPORT_NAME, which cannot be answered with an error, a close), a log line,
-and no effect on the server."""
+and no effect on the server. Unknown names with control bytes are logged
+escaped and capped, so a client cannot forge log lines."""
 import os
 import sys
 
@@ -70,6 +71,44 @@ def main(server):
                "GO of an unknown name")
     expect_rep(c.go(b""), REP_ACK, "GO after ERR_UNKNOWN")
     c.close()
+    log_forgery(server)
+
+
+FORGED = b"nbdflow: error: forged line"
+
+
+def log_forgery(server):
+    """Unknown names with a newline, a terminal escape and a long tail, in
+    GO, SET_META_CONTEXT and EXPORT_NAME: each is logged on one line, its
+    bytes escaped and its length capped."""
+    name = b"evil\n" + FORGED + b"\x1b[31m\r\x00" + b"z" * 3000
+    c = Conn(server)
+    c.greeting()
+    expect_rep(c.go(name), REP_ERR_UNKNOWN, "GO of a name with a newline")
+    expect_rep(c.structured_reply(), REP_ACK, "STRUCTURED_REPLY")
+    t, _ = c.option(OPT_SET_META_CONTEXT, meta_data(name, ["base:allocation"]))
+    expect_rep(t, REP_ERR_UNKNOWN, "SET_META_CONTEXT of a name with a newline")
+    cid = c.client_id()
+    c.close()
+    c = Conn(server)
+    c.greeting()
+    c.send(opt_bytes(OPT_EXPORT_NAME, name))
+    expect(c.wait_closed(10), "server closes on EXPORT_NAME of an unknown "
+           "name")
+    cid2 = c.client_id()
+    c.close()
+    for who in (cid, cid2):
+        lines = server.logged_about(who, pattern=r"evil\\x0a")
+        expect(lines, "the newline is logged as \\x0a for %s" % who)
+        for l in lines:
+            expect(len(l) < 700, "logged line capped (%d chars)" % len(l))
+            expect("\\x1b[31m\\x0d\\x00zz" in l,
+                   "escape, CR and NUL logged escaped")
+    text = server.log_text()
+    expect(not any(l.startswith(FORGED.decode())
+                   for l in text.splitlines()), "no forged log line")
+    expect("\x1b" not in text and "\r" not in text and "\x00" not in text,
+           "no raw control byte in the log")
 
 
 run(main)
