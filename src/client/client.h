@@ -38,6 +38,7 @@
 /* Per-connection limits on what the server may make us read. */
 #define CLIENT_MAX_EXTENTS 65536          /* descriptors per status chunk */
 #define CLIENT_MAX_OPT_REPLY (64u << 10)  /* one option reply payload */
+#define CLIENT_MAX_SPANS 4096  /* separate pieces of one READ's reply */
 
 struct client_opts {
   const char *export_name;  /* "" for the default export */
@@ -116,7 +117,17 @@ struct client_req {
   bool sent;              /* fully written: replies may complete it */
   int err;
   uint64_t covered;       /* READ: bytes filled by data and hole chunks */
+  uint64_t run_lo, run_hi; /* READ: the filled range while it is one */
   struct client_req *next;
+};
+
+/* What the chunks of one READ have filled once they stopped being one
+ * range: sorted, disjoint [lo, hi) pieces relative to the request. */
+struct client_spans {
+  struct client_span {
+    uint64_t lo, hi;
+  } *v;
+  uint32_t n, cap;
 };
 
 struct client_conn {
@@ -128,6 +139,7 @@ struct client_conn {
 
   /* Transmission state, private. */
   struct client_req **slots; /* in-flight requests indexed by cookie */
+  struct client_spans *spans; /* per slot, reused; owned here */
   uint32_t nslots;
   uint32_t *free_slots;
   uint32_t nfree;

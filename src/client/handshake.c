@@ -199,15 +199,25 @@ hs_set_meta(struct hs *h)
   return r < 0 ? r : hs_fail(h, -EPROTO, "handshake: endless META reply");
 }
 
-static void
+/* Stores one NBD_REP_INFO item: 0, or -EPROTO (after hs_fail) when a known
+ * item has the wrong length: "length MUST be 12" for NBD_INFO_EXPORT and 14
+ * for NBD_INFO_BLOCK_SIZE (§NBD_REP_INFO). Skipping such an item would
+ * leave the export's size at 0, and a copy of nothing would succeed. */
+static int
 hs_info_item(struct hs *h, const uint8_t *p, uint32_t len)
 {
   struct client_info *in = &h->c->info;
   uint16_t type = wire_get16(p);
-  if (type == NBD_INFO_EXPORT && len == 12) {
+  if ((type == NBD_INFO_EXPORT && len != 12) ||
+      (type == NBD_INFO_BLOCK_SIZE && len != 14))
+    return hs_fail(h, -EPROTO, "handshake: %s of %u bytes",
+                   type == NBD_INFO_EXPORT ? "NBD_INFO_EXPORT"
+                                           : "NBD_INFO_BLOCK_SIZE",
+                   (unsigned)len);
+  if (type == NBD_INFO_EXPORT) {
     in->size = wire_get64(p + 2);
     in->tflags = wire_get16(p + 10);
-  } else if (type == NBD_INFO_BLOCK_SIZE && len == 14) {
+  } else if (type == NBD_INFO_BLOCK_SIZE) {
     in->has_block_size = true;
     in->min_block = wire_get32(p + 2);
     in->pref_block = wire_get32(p + 6);
@@ -217,6 +227,7 @@ hs_info_item(struct hs *h, const uint8_t *p, uint32_t len)
   } else if (type == NBD_INFO_DESCRIPTION && !in->description) {
     in->description = strndup((const char *)p + 2, len - 2);
   } /* unknown items are ignored (§NBD_REP_INFO) */
+  return 0;
 }
 
 /* GO: returns 0 when transmission starts, -ENOTSUP when the server does not
@@ -244,7 +255,7 @@ hs_go(struct hs *h)
       if (rep.length < 2)
         return hs_fail(h, -EPROTO, "handshake: empty NBD_REP_INFO");
       got_export |= wire_get16(h->payload) == NBD_INFO_EXPORT;
-      hs_info_item(h, h->payload, rep.length);
+      r = hs_info_item(h, h->payload, rep.length);
       continue;
     }
     if (rep.type == NBD_REP_ACK) {

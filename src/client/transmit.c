@@ -94,8 +94,13 @@ client_grow_slots(struct client_conn *c)
   if (f == NULL)
     return -ENOMEM;
   c->free_slots = f;
+  struct client_spans *sp = realloc(c->spans, n * sizeof *sp);
+  if (sp == NULL)
+    return -ENOMEM;
+  c->spans = sp;
   for (uint32_t i = c->nslots; i < n; i++) {
     s[i] = NULL;
+    sp[i] = (struct client_spans){ NULL, 0, 0 };
     f[c->nfree++] = n - 1 - (i - c->nslots);
   }
   c->nslots = n;
@@ -313,6 +318,8 @@ client_submit(struct client_conn *c, struct client_req *r)
   r->completed = false;
   r->err = 0;
   r->covered = 0;
+  r->run_lo = r->run_hi = 0;
+  c->spans[idx].n = 0;
   r->nextents = 0;
   r->errmsg[0] = '\0';
   r->next = NULL;
@@ -390,6 +397,92 @@ client_in_req(const struct client_req *r, uint64_t off, uint64_t len)
          len <= r->length - (off - r->offset);
 }
 
+/* Adds [lo, hi) to sp: 0, -EEXIST when it overlaps a piece already
+ * there, -E2BIG past CLIENT_MAX_SPANS pieces, -ENOMEM. Touching pieces
+ * merge, so a reply that arrives in order stays one piece. */
+static int
+client_spans_add(struct client_spans *sp, uint64_t lo, uint64_t hi)
+{
+  uint32_t a = 0, b = sp->n; /* p: the first piece that starts at or past lo */
+  while (a < b) {
+    uint32_t m = a + (b - a) / 2;
+    if (sp->v[m].lo < lo)
+      a = m + 1;
+    else
+      b = m;
+  }
+  uint32_t p = a;
+  bool left = p > 0 && sp->v[p - 1].hi == lo;
+  bool right = p < sp->n && sp->v[p].lo == hi;
+  if ((p > 0 && sp->v[p - 1].hi > lo) || (p < sp->n && sp->v[p].lo < hi))
+    return -EEXIST;
+  if (left && right) {
+    sp->v[p - 1].hi = sp->v[p].hi;
+    memmove(&sp->v[p], &sp->v[p + 1], (sp->n - p - 1) * sizeof *sp->v);
+    sp->n--;
+  } else if (left) {
+    sp->v[p - 1].hi = hi;
+  } else if (right) {
+    sp->v[p].lo = lo;
+  } else {
+    if (sp->n == CLIENT_MAX_SPANS)
+      return -E2BIG;
+    if (sp->n == sp->cap) {
+      uint32_t cap = sp->cap ? sp->cap * 2 : 16;
+      struct client_span *v = realloc(sp->v, cap * sizeof *v);
+      if (v == NULL)
+        return -ENOMEM;
+      sp->v = v;
+      sp->cap = cap;
+    }
+    memmove(&sp->v[p + 1], &sp->v[p], (sp->n - p) * sizeof *sp->v);
+    sp->v[p] = (struct client_span){ lo, hi };
+    sp->n++;
+  }
+  return 0;
+}
+
+/* A data or hole chunk filled [off, off+len) of READ r (inside r, len >
+ * 0). Content chunks may come in any order but "MUST NOT overlap with
+ * the bounds of any earlier content chunk" (§Structured reply chunk
+ * message types); one that repeats a range would leave another part of
+ * the buffer unfilled while the byte count still added up. 0, or the
+ * -errno of the failed connection. */
+static int
+client_cover(struct client_conn *c, struct client_req *r, uint64_t off,
+             uint64_t len)
+{
+  uint64_t lo = off - r->offset, hi = lo + len;
+  struct client_spans *sp = &c->spans[(uint32_t)r->cookie];
+  int e = 0;
+  if (sp->n == 0) { /* the chunks so far fill one range, or none */
+    if (r->run_lo == r->run_hi) {
+      r->run_lo = lo;
+      r->run_hi = hi;
+    } else if (lo == r->run_hi) {
+      r->run_hi = hi;
+    } else if (hi == r->run_lo) {
+      r->run_lo = lo;
+    } else {
+      e = client_spans_add(sp, r->run_lo, r->run_hi);
+    }
+    if (e == 0 && sp->n == 0) {
+      r->covered += len;
+      return 0;
+    }
+  }
+  if (e == 0)
+    e = client_spans_add(sp, lo, hi);
+  if (e == -EEXIST)
+    return client_proto(c, "read chunks overlap");
+  if (e == -E2BIG)
+    return client_proto(c, "read reply split into too many pieces");
+  if (e < 0)
+    return client_die(c, -e, "out of memory");
+  r->covered += len;
+  return 0;
+}
+
 static int
 client_rx_status(struct client_conn *c, const uint8_t *p, size_t len,
                  bool ext)
@@ -451,8 +544,9 @@ client_rx_scratch_done(struct client_conn *c)
     uint32_t hlen = wire_get32(p + 8);
     if (hlen == 0 || !client_in_req(r, off, hlen))
       return client_proto(c, "hole chunk outside the request");
+    if ((err = client_cover(c, r, off, hlen)) < 0)
+      return err;
     memset((uint8_t *)r->buf + (off - r->offset), 0, hlen);
-    r->covered += hlen;
     break;
   }
   case NBD_REPLY_TYPE_BLOCK_STATUS:
@@ -568,7 +662,9 @@ client_rx_step(struct client_conn *c)
     uint64_t off = wire_get64(c->rx_hdr);
     if (!client_in_req(r, off, c->rx_len))
       return client_proto(c, "data chunk outside the request");
-    r->covered += c->rx_len;
+    int err = c->rx_len > 0 ? client_cover(c, r, off, c->rx_len) : 0;
+    if (err < 0)
+      return err;
     client_rx_expect(c, RX_DATA, (uint8_t *)r->buf + (off - r->offset),
                      c->rx_len);
     return 0;
@@ -723,6 +819,9 @@ client_close(struct client_conn *c)
   free(c->info.exports);
   free(c->info.name);
   free(c->info.description);
+  for (uint32_t i = 0; i < c->nslots; i++)
+    free(c->spans[i].v);
+  free(c->spans);
   free(c->slots);
   free(c->free_slots);
   free(c->scratch);

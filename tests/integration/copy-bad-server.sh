@@ -1,0 +1,69 @@
+#!/bin/bash
+# copy-bad-server.sh: what the client does with a server that breaks the
+# protocol (fakenbd.py, beside this file). Read chunks may come in any
+# order, but they must not overlap: one that repeats a range would leave
+# part of the buffer unfilled while the byte count still adds up, and the
+# copy would succeed with wrong data. A wrong-length NBD_INFO_EXPORT or
+# NBD_INFO_BLOCK_SIZE must fail the handshake, not leave the size at 0.
+# Allowed orders are checked too, and every successful copy is compared
+# with the pattern the server serves.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+need python3
+tmpdir_make
+SIZE=$((3 << 20 | 1000)) # several requests, and a short tail
+FAKE=$(dirname "$0")/fakenbd.py
+
+python3 - "$TMP/want.img" "$SIZE" <<'PY'
+import sys
+path, size = sys.argv[1], int(sys.argv[2])
+with open(path, "wb") as f:
+    for off in range(0, size, 1 << 20):
+        n = min(1 << 20, size - off)
+        f.write(bytes(((i * 7 + i // 4096) & 0xFF)
+                      for i in range(off, off + n)))
+PY
+
+# fake MODE: starts fakenbd.py in MODE on $TMP/MODE.sock; sets URI.
+fake () {
+    python3 "$FAKE" "$TMP/$1.sock" "$1" "$SIZE" >>"$TMP/fake.log" 2>&1 &
+    SERVER_PIDS+=($!)
+    wait_for test -S "$TMP/$1.sock"
+    URI="nbd+unix:///?socket=$TMP/$1.sock"
+}
+
+for mode in good reverse scatter; do
+    fake "$mode"
+    rm -f "$TMP/out.img"
+    check "copy from a server answering in $mode order" \
+        "$NBDFLOW" copy --request-size 256K "$URI" "$TMP/out.img"
+    same "$TMP/want.img" "$TMP/out.img"
+done
+
+fake overlap
+rm -f "$TMP/out.img"
+rc=0
+"$NBDFLOW" copy "$URI" "$TMP/out.img" >"$TMP/out" 2>"$TMP/err" || rc=$?
+check_copy_failed "overlapping read chunks" "$rc" "overlap"
+rc=0
+"$NBDFLOW" sum "$URI" >"$TMP/out" 2>"$TMP/err" || rc=$?
+[ "$rc" -ne 0 ] || fail "sum over overlapping read chunks exited 0"
+grep -q "overlap" "$TMP/err" || fail "sum: $(cat "$TMP/err")"
+
+for mode in badexport badblock; do
+    fake "$mode"
+    for cmd in info copy; do
+        rc=0
+        if [ $cmd = info ]; then
+            "$NBDFLOW" info "$URI" >"$TMP/out" 2>"$TMP/err" || rc=$?
+        else
+            "$NBDFLOW" copy "$URI" "$TMP/out.img" >"$TMP/out" 2>"$TMP/err" ||
+                rc=$?
+        fi
+        [ "$rc" -ne 0 ] || fail "$cmd with $mode: exited 0"
+        grep -q "NBD_INFO_.* of 1[35] bytes" "$TMP/err" ||
+            fail "$cmd with $mode: $(cat "$TMP/err")"
+        note "ok: $cmd with $mode: $(cat "$TMP/err")"
+    done
+done
+echo "PASS"

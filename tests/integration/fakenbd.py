@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""fakenbd.py SOCKET MODE SIZE: a small read-only NBD server on a Unix
+socket that misbehaves on purpose, for testing what nbdflow's client
+accepts. It serves SIZE bytes of a fixed pattern (byte i is
+(i * 7 + i // 4096) mod 256), speaks fixed newstyle with GO, structured
+replies and base:allocation, and exits after 60 s without a connection.
+
+Modes (what READ replies and the handshake do):
+  good        every READ answered by one data chunk
+  reverse     data chunks of 4 KiB, last piece first (allowed by the spec)
+  scatter     data chunks of 4 KiB, odd pieces first, then even ones
+  overlap     the first half of each READ sent twice, the second half never
+  badexport   NBD_INFO_EXPORT of 13 bytes instead of 12
+  badblock    NBD_INFO_BLOCK_SIZE of 15 bytes instead of 14
+"""
+import socket
+import struct
+import sys
+import threading
+
+PATH, MODE, SIZE = sys.argv[1], sys.argv[2], int(sys.argv[3])
+PIECE = 4096
+
+OPT_MAGIC = 0x3e889045565a9
+REPLY_STRUCT = 0x668e33ef
+REPLY_SIMPLE = 0x67446698
+TFLAGS = 1 | 2 | 4 | 8  # HAS_FLAGS READ_ONLY SEND_FLUSH SEND_FUA
+
+
+def pattern(off, n):
+    return bytes(((i * 7 + i // 4096) & 0xFF) for i in range(off, off + n))
+
+
+def recv_exact(s, n):
+    b = b""
+    while len(b) < n:
+        c = s.recv(n - len(b))
+        if not c:
+            raise EOFError
+        b += c
+    return b
+
+
+def opt_reply(s, opt, typ, data=b""):
+    s.sendall(struct.pack(">QIII", OPT_MAGIC, opt, typ, len(data)) + data)
+
+
+def chunk(s, flags, typ, cookie, data):
+    s.sendall(struct.pack(">IHHQI", REPLY_STRUCT, flags, typ, cookie,
+                          len(data)) + data)
+
+
+def data_chunk(s, cookie, off, data, done=False):
+    chunk(s, 1 if done else 0, 1, cookie, struct.pack(">Q", off) + data)
+
+
+def answer_read(s, cookie, off, n):
+    pieces = [(o, min(PIECE, off + n - o)) for o in range(off, off + n, PIECE)]
+    if MODE == "reverse":
+        pieces.reverse()
+    elif MODE == "scatter":
+        pieces = pieces[1::2] + pieces[0::2]
+    elif MODE == "overlap" and n >= 2:
+        half = n // 2
+        data_chunk(s, cookie, off, pattern(off, half))
+        pieces = [(off, half)]  # again, and the second half never
+    else:
+        pieces = [(off, n)]
+    for o, k in pieces:
+        data_chunk(s, cookie, o, pattern(o, k))
+    chunk(s, 1, 0, cookie, b"")  # NBD_REPLY_TYPE_NONE with DONE
+
+
+def handshake(s):
+    s.sendall(struct.pack(">QQH", 0x4e42444d41474943, 0x49484156454F5054, 1))
+    recv_exact(s, 4)  # client flags
+    while True:
+        _, opt, n = struct.unpack(">QII", recv_exact(s, 16))
+        recv_exact(s, n)
+        if opt == 8:  # STRUCTURED_REPLY
+            opt_reply(s, opt, 1)
+        elif opt == 10:  # SET_META_CONTEXT
+            opt_reply(s, opt, 4, struct.pack(">I", 1) + b"base:allocation")
+            opt_reply(s, opt, 1)
+        elif opt in (6, 7):  # INFO, GO
+            info = struct.pack(">HQH", 0, SIZE, TFLAGS)
+            opt_reply(s, opt, 3, info + (b"x" if MODE == "badexport" else b""))
+            block = struct.pack(">HIII", 3, 1, 4096, 1 << 25)
+            opt_reply(s, opt, 3, block + (b"x" if MODE == "badblock" else b""))
+            opt_reply(s, opt, 1)
+            if opt == 7:
+                return
+        elif opt == 2:  # ABORT
+            opt_reply(s, opt, 1)
+            raise EOFError
+        else:
+            opt_reply(s, opt, (1 << 31) + 1)  # ERR_UNSUP
+
+
+def serve(s):
+    try:
+        handshake(s)
+        while True:
+            _, flags, typ, cookie, off, n = struct.unpack(
+                ">IHHQQI", recv_exact(s, 28))
+            if typ == 2:  # DISC
+                return
+            if typ == 0 and off + n <= SIZE:
+                answer_read(s, cookie, off, n)
+            elif typ == 7:  # BLOCK_STATUS: all data
+                chunk(s, 1, 5, cookie, struct.pack(">III", 1, n, 0))
+            elif typ == 3:  # FLUSH
+                s.sendall(struct.pack(">IIQ", REPLY_SIMPLE, 0, cookie))
+            else:
+                s.sendall(struct.pack(">IIQ", REPLY_SIMPLE, 22, cookie))
+    except (EOFError, OSError):
+        pass
+    finally:
+        s.close()
+
+
+def main():
+    ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    ls.bind(PATH)
+    ls.listen(8)
+    ls.settimeout(60)
+    while True:
+        try:
+            c, _ = ls.accept()
+        except socket.timeout:
+            return
+        c.settimeout(60)
+        threading.Thread(target=serve, args=(c,), daemon=True).start()
+
+
+main()
