@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cmd.h"
 #include "copy/endpoint.h"
@@ -251,6 +252,29 @@ copy_report_json(const struct copy_args *a, const struct copy_stats *st,
 }
 
 /* Reads DST back over a fresh session and compares chunk digests. */
+/* A pipe's length shows only at its end. When the copy from standard
+ * input stopped because the destination was full, whatever input is left
+ * did not land: that is a failure, not a copy of the first bytes. 0 when
+ * standard input is at its end, 1 (after the error line) otherwise. */
+static int
+copy_input_left(const char *dst, uint64_t dst_size)
+{
+  char c;
+  ssize_t n;
+  do
+    n = read(STDIN_FILENO, &c, 1);
+  while (n < 0 && errno == EINTR);
+  if (n == 0)
+    return 0;
+  if (n < 0)
+    log_error("standard input, after %llu bytes: %s",
+              (unsigned long long)dst_size, strerror(errno));
+  else
+    log_error("standard input is longer than %s (%llu bytes): the rest "
+              "was not copied", dst, (unsigned long long)dst_size);
+  return 1;
+}
+
 static int
 copy_verify(struct copy_args *a, const struct copy_chunks *want,
             uint64_t size)
@@ -344,6 +368,9 @@ cmd_copy(int argc, char **argv)
     log_error("%s", err);
     goto out;
   }
+  if (!s.src->size_known && s.dst->size_known &&
+      copy_input_left(a.dst, s.dst->size) != 0)
+    goto out;
   uint64_t size = st.total;
   copy_session_close(&s);
   s.env_ok = false;

@@ -20,6 +20,18 @@ same "$TMP/src.img" "$TMP/file.img"
 "$NBDFLOW" copy --json "$uri" null: >"$TMP/r.json" || fail "-> null: failed"
 grep -q '"bytes_total": 20971520' "$TMP/r.json" || fail "null: report wrong"
 
+# Standard input longer than the destination: the copy fills the export
+# and then fails, naming the destination, instead of dropping the rest.
+head -c 21M /dev/urandom >"$TMP/long.img"
+rc=0
+"$NBDFLOW" copy - "$uri" <"$TMP/long.img" 2>"$TMP/err" || rc=$?
+[ "$rc" -ne 0 ] || fail "stdin longer than the export: exited 0"
+grep -q "standard input is longer than .*20971520 bytes" "$TMP/err" ||
+    fail "stdin longer than the export: $(cat "$TMP/err")"
+cmp -n 20971520 "$TMP/long.img" <("$NBDFLOW" copy "$uri" -) ||
+    fail "stdin longer than the export: the first 20 MiB did not land"
+note "ok: stdin longer than the export fails: $(cat "$TMP/err")"
+
 check "random source -> nbd" "$NBDFLOW" copy random:20M:7 "$uri"
 [ "$("$NBDFLOW" sum "$uri")" != "" ] || fail "sum failed"
 [ "$("$NBDFLOW" sum random:20M:7 | cut -d' ' -f1)" = \
