@@ -178,8 +178,9 @@ info_print_nbd(const struct client_conn *c, const char *uri, bool json)
   uint16_t f = in->tflags;
   char sz[32];
   if (json) {
-    printf("{\n\"protocol\": \"%s\",\n\"TLS\": false,\n\"structured\": %s,\n",
-           in->protocol, in->structured ? "true" : "false");
+    printf("{\n\"protocol\": \"%s\",\n\"TLS\": %s,\n\"structured\": %s,\n",
+           in->protocol, in->tls ? "true" : "false",
+           in->structured ? "true" : "false");
     printf("\"extended\": %s,\n", in->extended ? "true" : "false");
     if (in->nexports) {
       printf("\"export-names\": [");

@@ -36,6 +36,9 @@ serve_tcp --tls=require --tls-certs "$TMP/pki" --tls-psk "$TMP/psk/keys.psk" "$T
 out=$("$NBDFLOW" info "nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/pki" 2>&1) ||
     fail "nbdflow info over X.509: $out"
 grep -q "with TLS" <<<"$out" || fail "nbdflow info did not report TLS: $out"
+out=$("$NBDFLOW" info --json "nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/pki" 2>&1) ||
+    fail "nbdflow info --json over X.509: $out"
+grep -q '"TLS": true' <<<"$out" || fail "info --json did not report TLS: $out"
 copy_both 1 "nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/pki" "$TMP/dst.img"
 copy_both 2 "nbds://localhost:$PORT/?tls-certificates=$TMP/pki" "$TMP/dst.img"
 copy_both 3 "nbds://alice@127.0.0.1:$PORT/?tls-psk-file=$TMP/psk/keys.psk" "$TMP/dst.img"
