@@ -26,7 +26,8 @@ serve_usage(FILE *f)
 "  -u, --unix PATH            listen on a Unix socket instead\n"
 "  -r, --read-only            serve every export read-only\n"
 "      --max-connections N    refuse connections beyond N (default: no limit)\n"
-"      --max-inflight N       requests in flight per connection (default %d)\n"
+"      --max-inflight N       requests in flight per connection (default %d);\n"
+"                             their data is held to %u MiB per connection\n"
 "      --handshake-timeout S  drop clients that have not finished the\n"
 "                             handshake within S seconds (default 10, 0: off)\n"
 "      --threads N            worker threads for export I/O (default 8)\n"
@@ -45,7 +46,7 @@ serve_usage(FILE *f)
 "  -h, --help                 show this help\n"
 "\n"
 "Sockets passed by a service manager (LISTEN_FDS) replace --listen.\n",
-          SERVER_DEFAULT_INFLIGHT);
+          SERVER_DEFAULT_INFLIGHT, SERVER_CONN_BUDGET >> 20);
 }
 
 static int

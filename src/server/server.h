@@ -26,6 +26,16 @@
 #define SERVER_MAX_PAYLOAD (32u << 20) /* advertised maximum block size */
 #define SERVER_PREFERRED_BLOCK 4096
 #define SERVER_MAX_OPTION (64u << 10) /* option data we agree to buffer */
+/* Payload bytes (READ data, WRITE payloads, buffered or spliced) one
+ * connection may hold for requests in flight. A header whose request
+ * would go past it waits, reading paused, until replies free room; one
+ * request is always admitted when nothing else is held, so any length up
+ * to SERVER_MAX_PAYLOAD gets through. Without it, max_inflight requests
+ * of SERVER_MAX_PAYLOAD would pin 1 GiB per connection. */
+#define SERVER_CONN_BUDGET (64u << 20)
+/* Request buffers larger than this are freed when the reply has left, so
+ * an idle connection keeps only ordinary-sized buffers for reuse. */
+#define SERVER_KEEP_BUF (4u << 20)
 #define SERVER_UNIX_SNDBUF (2 << 20)
 #define SERVER_SPLICE_MIN (64u << 10) /* smaller payloads are copied */
 /* Pipes one spliced payload may span: a process without CAP_SYS_RESOURCE
@@ -104,6 +114,7 @@ struct req {
   struct extent *ext; /* BLOCK_STATUS result, owned, grown on demand */
   int ext_cap;
   int next_count;
+  size_t cost;        /* payload bytes counted in c->held, 0 if none */
 
   /* The reply: headers in hdr, data slices of buf, ready for writev. */
   uint8_t hdr[REQ_MAX_CHUNKS * (NBD_EXTENDED_REPLY_LEN + 12) + 64];
@@ -166,7 +177,9 @@ struct conn {
   pthread_mutex_t lock;
   int refs;             /* loop's own + one per request out of the loop */
   int inflight;         /* requests between header and reply sent */
-  bool paused;          /* EPOLLIN off: max_inflight reached */
+  bool paused;          /* EPOLLIN off: max_inflight or budget reached */
+  size_t held;          /* payload bytes of requests in flight */
+  size_t wait_cost;     /* parked header's payload bytes, 0 if none */
   bool dead;            /* socket unusable: drop replies */
   bool want_out;        /* EPOLLOUT armed */
   bool closing;         /* DISC seen: close after the last reply */

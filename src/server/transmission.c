@@ -37,6 +37,7 @@ req_get(struct conn *c)
       return NULL;
   }
   q->spliced = false;
+  q->cost = 0;
   q->c = c;
   q->error = 0;
   q->errmsg = NULL;
@@ -364,21 +365,46 @@ req_try_send(struct conn *c, struct req *q, int flags)
   return 1;
 }
 
+/* Reading may go on: below max_inflight, and a header parked for want
+ * of budget now fits (or nothing else is held). Under c->lock. */
+static bool
+conn_may_resume_locked(struct conn *c)
+{
+  return c->inflight < c->srv->cfg.max_inflight &&
+         (c->wait_cost == 0 || c->held == 0 ||
+          c->held + c->wait_cost <= SERVER_CONN_BUDGET);
+}
+
+/* q is no longer in flight: its slot and its payload bytes are free.
+ * Under c->lock. */
+static void
+req_release_locked(struct conn *c, struct req *q)
+{
+  c->inflight--;
+  c->held -= q->cost;
+  q->cost = 0;
+}
+
 /* The reply left: the request slot and its buffer become free. Under
  * c->lock; returns true when the loop should look at the connection. */
 static bool
 req_finish_locked(struct conn *c, struct req *q)
 {
   bool resume = false;
-  c->inflight--;
+  req_release_locked(c, q);
   if (c->nfree < c->srv->cfg.max_inflight) {
+    if (q->buf_cap > SERVER_KEEP_BUF) { /* rare sizes are not kept */
+      free(q->buf);
+      q->buf = NULL;
+      q->buf_cap = 0;
+    }
     q->next = c->free_reqs;
     c->free_reqs = q;
     c->nfree++;
   } else {
     req_destroy(q);
   }
-  if (c->paused && c->inflight < c->srv->cfg.max_inflight) {
+  if (c->paused && conn_may_resume_locked(c)) {
     __atomic_store_n(&c->paused, false, __ATOMIC_RELEASE);
     conn_update_events(c);
     resume = true;
@@ -398,7 +424,7 @@ req_send(struct req *q)
   q->iov_left = q->iovcnt;
   pthread_mutex_lock(&c->lock);
   if (c->dead) {
-    c->inflight--;
+    req_release_locked(c, q);
     pthread_mutex_unlock(&c->lock);
     req_destroy(q);
     conn_put(c);
@@ -432,7 +458,7 @@ req_send(struct req *q)
     }
   } else {
     c->send_failed = true;
-    c->inflight--;
+    req_release_locked(c, q);
     req_destroy(q);
     resume = true;
   }
@@ -663,20 +689,51 @@ req_use_splice(struct conn *c, struct req *q, uint64_t payload)
   return true;
 }
 
+/* Payload bytes a request holds while in flight: its READ data, or its
+ * WRITE payload (in buf or in pipes). payload is at most
+ * SERVER_MAX_PAYLOAD. */
+static size_t
+req_cost(const struct wire_request *r, uint64_t payload)
+{
+  if (r->type == NBD_CMD_READ && r->length <= SERVER_MAX_PAYLOAD)
+    return (size_t)r->length;
+  return (size_t)payload;
+}
+
+/* Counts cost bytes against the connection's SERVER_CONN_BUDGET, or, when
+ * they do not fit beside what requests in flight hold, parks the header
+ * just read: reading pauses, c->msg keeps the header, and once replies
+ * free room (req_finish_locked) the loop runs transmission_header on it
+ * again. Returns false when parked. Loop thread. */
+static bool
+conn_admit(struct conn *c, size_t cost)
+{
+  pthread_mutex_lock(&c->lock);
+  bool fits = cost == 0 || c->held == 0 ||
+              c->held + cost <= SERVER_CONN_BUDGET;
+  if (fits) {
+    c->held += cost;
+    c->wait_cost = 0;
+  } else {
+    c->wait_cost = cost;
+    __atomic_store_n(&c->paused, true, __ATOMIC_RELEASE);
+    conn_update_events(c);
+  }
+  pthread_mutex_unlock(&c->lock);
+  return fits;
+}
+
 int
 transmission_header(struct conn *c)
 {
-  struct req *q = req_get(c);
+  struct wire_request r;
   char why[256];
 
-  if (q == NULL)
-    return -1;
-  c->cur = q;
-  if (wire_decode_request(c->msg, c->extended, &q->r) < 0) {
+  if (wire_decode_request(c->msg, c->extended, &r) < 0) {
     conn_log(c, "bad request magic 0x%08x", wire_get32(c->msg));
     return -1;
   }
-  if (q->r.type == NBD_CMD_DISC) {
+  if (r.type == NBD_CMD_DISC) {
     log_debug("%s: disconnect requested", c->peer);
     pthread_mutex_lock(&c->lock);
     c->closing = true;
@@ -690,15 +747,24 @@ transmission_header(struct conn *c)
    * just a bad flag. Extended headers: the flag alone says whether a
    * payload follows, whatever the command (a WRITE without it has none,
    * and req_check refuses it). */
-  bool has_payload = c->extended ? (q->r.flags & NBD_CMD_FLAG_PAYLOAD_LEN)
-                                 : q->r.type == NBD_CMD_WRITE;
-  uint64_t payload = has_payload ? q->r.length : 0;
+  bool has_payload = c->extended ? (r.flags & NBD_CMD_FLAG_PAYLOAD_LEN)
+                                 : r.type == NBD_CMD_WRITE;
+  uint64_t payload = has_payload ? r.length : 0;
   if (payload > SERVER_MAX_PAYLOAD) {
     conn_log(c, "%s payload of %llu bytes exceeds the maximum %u",
-           wire_cmd_name(q->r.type), (unsigned long long)payload,
+           wire_cmd_name(r.type), (unsigned long long)payload,
            SERVER_MAX_PAYLOAD);
     return -1;
   }
+  size_t cost = req_cost(&r, payload);
+  if (!conn_admit(c, cost))
+    return 0;
+  struct req *q = req_get(c);
+  if (q == NULL)
+    return -1;
+  c->cur = q;
+  q->r = r;
+  q->cost = cost;
   q->error = req_check(c, &q->r, why, sizeof why);
   if (q->error) {
     conn_log(c, "%s", why);

@@ -339,13 +339,15 @@ class Conn:
     def reply(self, cookie=None, read_len=0):
         """Reads one whole reply. Returns (error, data) where data is the
         READ payload reassembled (holes as zeroes) or block-status chunks;
-        reply_form tells whether it came as a simple or structured reply.
+        reply_form tells whether it came as a simple or structured reply,
+        reply_cookie which cookie it answered (cookie None takes any).
         read_len: bytes of data a successful simple READ reply carries."""
         magic = struct.unpack(">I", self.recv_exact(4))[0]
         self.reply_form = ("simple" if magic == SIMPLE_REPLY_MAGIC
                            else "structured")
         if magic == SIMPLE_REPLY_MAGIC:
             err, ck = struct.unpack(">IQ", self.recv_exact(12))
+            self.reply_cookie = ck
             if cookie is not None and ck != cookie:
                 raise Failure("reply cookie %d, expected %d" % (ck, cookie))
             data = b""
@@ -360,6 +362,7 @@ class Conn:
         while True:
             flags, rtype, ck, length = struct.unpack(">HHQI",
                                                      self.recv_exact(16))
+            self.reply_cookie = ck
             if cookie is not None and ck != cookie:
                 raise Failure("chunk cookie %d, expected %d" % (ck, cookie))
             payload = self.recv_exact(length)
