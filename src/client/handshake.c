@@ -434,17 +434,24 @@ hs_run(struct hs *h)
 static void
 hs_fix_block_sizes(struct client_info *in)
 {
-  if (!in->has_block_size || in->min_block == 0 || in->min_block > 65536 ||
-      (in->min_block & (in->min_block - 1))) {
+  if (!in->has_block_size) {
     in->min_block = 1;
     in->pref_block = 4096;
     in->max_block = NBD_MAX_PAYLOAD_DEFAULT;
-    in->has_block_size = false;
+    return;
   }
-  if (in->pref_block < in->min_block)
+  /* A size that breaks the spec's rules is replaced, but never by one
+   * that would let a request exceed the server's maximum. */
+  if (in->min_block == 0 || in->min_block > 65536 ||
+      (in->min_block & (in->min_block - 1)))
+    in->min_block = 1;
+  if (in->max_block < in->min_block)
+    in->max_block = in->min_block;
+  if (in->pref_block < in->min_block ||
+      (in->pref_block & (in->pref_block - 1)))
     in->pref_block = in->min_block;
-  if (in->max_block < in->pref_block)
-    in->max_block = in->pref_block;
+  while (in->pref_block > in->max_block && in->pref_block > in->min_block)
+    in->pref_block /= 2;
 }
 
 /* nagle: leave Nagle's algorithm on (a diagnostic option). */

@@ -121,9 +121,11 @@ client_validate(const struct client_conn *c, const struct client_req *r)
     return -EINVAL;
   if (!in->extended && r->length > UINT32_MAX)
     return -EINVAL;
+  /* "MUST ensure that offset and length are integer multiples of any
+   * advertised minimum block size" (§Size constraints): also at the end
+   * of an export whose size is not one (endpoints refuse those). */
   if (in->min_block > 1 &&
-      (r->offset % in->min_block ||
-       (r->length % in->min_block && r->offset + r->length != in->size)))
+      (r->offset % in->min_block || r->length % in->min_block))
     return -EINVAL;
   switch (r->type) {
   case NBD_CMD_READ:

@@ -42,6 +42,8 @@
  * for trimming) above the copy's own churn. Measured into a fresh
  * qemu-nbd: 528,000 faults per 2 GiB without, 5,500 with. */
 #define ENDPOINT_OPENING_REQUEST (UINT64_C(4) << 20)
+/* The largest preferred block size that pieces are aligned to. */
+#define ENDPOINT_ALIGN_CAP (1u << 20)
 
 struct loop;
 struct endpoint;

@@ -683,6 +683,17 @@ endpoint_open_nbd(struct ep_env *env, const char *spec,
   if (p->n > 1 && !(in->tflags & NBD_FLAG_CAN_MULTI_CONN))
     log_warn("%s: server does not advertise multi-conn; using %u "
              "connections anyway, flushing each", spec, p->started);
+  if (in->size % in->min_block) {
+    /* §Size constraints: "otherwise, the client would be unable to
+     * access the final few bytes of the export". A copy that cannot
+     * read or write them must not start. */
+    r = -EINVAL;
+    snprintf(err, errlen, "%s: export size %llu is not a multiple of its "
+             "minimum block size %u: its last %llu bytes cannot be "
+             "addressed", spec, (unsigned long long)in->size, in->min_block,
+             (unsigned long long)(in->size % in->min_block));
+    goto fail;
+  }
   e->size = in->size;
   e->size_known = true;
   e->readable = true;
@@ -690,7 +701,13 @@ endpoint_open_nbd(struct ep_env *env, const char *spec,
   e->has_extents = in->allocation;
   e->can_zero = in->tflags & NBD_FLAG_SEND_WRITE_ZEROES;
   e->can_flush = in->tflags & NBD_FLAG_SEND_FLUSH;
-  e->align = in->min_block;
+  /* Requests "SHOULD use integer multiples of any advertised preferred
+   * block size where possible": pieces are aligned to it, up to a cap
+   * that keeps holes worth finding. */
+  e->align = in->pref_block < ENDPOINT_ALIGN_CAP ? in->pref_block
+                                                 : ENDPOINT_ALIGN_CAP;
+  if (e->align < in->min_block)
+    e->align = in->min_block;
   e->max_request = in->max_block < (32u << 20) ? in->max_block : 32u << 20;
   e->opening_request = ENDPOINT_OPENING_REQUEST;
   e->connections = 1; /* nbd_join_one counts the later ones */

@@ -541,8 +541,19 @@ eng_plan(struct engine *e, uint64_t *len, bool *zero)
     }
   }
   /* Data, rounded out to the alignment so the next piece starts aligned;
-   * never past the extents we know. */
+   * never past the extents we know. Those may end off the alignment (a
+   * server may describe less than was asked): then the piece stops at the
+   * last aligned point, or waits for the next extents. */
   uint64_t end = eng_min(eng_round_up(e, xend), e->ext_end);
+  if (end < e->size && end % e->align) {
+    uint64_t down = end / e->align * e->align;
+    if (down > e->pos)
+      end = down;
+    else if (e->ext_pending)
+      return PLAN_WAIT;
+    /* else the extent table is full of pieces smaller than the
+     * alignment: the request below fails loudly rather than hanging */
+  }
   *len = eng_data_len(e, end);
   return PLAN_OK;
 }

@@ -12,7 +12,15 @@ Modes (what READ replies and the handshake do):
   overlap     the first half of each READ sent twice, the second half never
   badexport   NBD_INFO_EXPORT of 13 bytes instead of 12
   badblock    NBD_INFO_BLOCK_SIZE of 15 bytes instead of 14
+  shortstatus BLOCK_STATUS describes at most 1001 bytes (all data)
+  twostatus   BLOCK_STATUS answered by two chunks for the same context
+  evilerror   READ fails with EIO and a message holding a newline and a
+              terminal escape
+
+The environment variable FAKE_MIN sets the minimum block size advertised
+(default 1); requests that break it get EINVAL.
 """
+import os
 import socket
 import struct
 import sys
@@ -20,6 +28,7 @@ import threading
 
 PATH, MODE, SIZE = sys.argv[1], sys.argv[2], int(sys.argv[3])
 PIECE = 4096
+MIN = int(os.environ.get("FAKE_MIN", "1"))
 
 OPT_MAGIC = 0x3e889045565a9
 REPLY_STRUCT = 0x668e33ef
@@ -55,6 +64,10 @@ def data_chunk(s, cookie, off, data, done=False):
 
 
 def answer_read(s, cookie, off, n):
+    if MODE == "evilerror":
+        msg = b"disk on fire\n\x1b[2Jforged: all is well"
+        chunk(s, 1, 0x8001, cookie, struct.pack(">IH", 5, len(msg)) + msg)
+        return
     pieces = [(o, min(PIECE, off + n - o)) for o in range(off, off + n, PIECE)]
     if MODE == "reverse":
         pieces.reverse()
@@ -85,7 +98,7 @@ def handshake(s):
         elif opt in (6, 7):  # INFO, GO
             info = struct.pack(">HQH", 0, SIZE, TFLAGS)
             opt_reply(s, opt, 3, info + (b"x" if MODE == "badexport" else b""))
-            block = struct.pack(">HIII", 3, 1, 4096, 1 << 25)
+            block = struct.pack(">HIII", 3, MIN, max(MIN, 4096), 1 << 25)
             opt_reply(s, opt, 3, block + (b"x" if MODE == "badblock" else b""))
             opt_reply(s, opt, 1)
             if opt == 7:
@@ -105,10 +118,15 @@ def serve(s):
                 ">IHHQQI", recv_exact(s, 28))
             if typ == 2:  # DISC
                 return
-            if typ == 0 and off + n <= SIZE:
+            if off % MIN or n % MIN or off + n > SIZE:
+                s.sendall(struct.pack(">IIQ", REPLY_SIMPLE, 22, cookie))
+            elif typ == 0:
                 answer_read(s, cookie, off, n)
             elif typ == 7:  # BLOCK_STATUS: all data
-                chunk(s, 1, 5, cookie, struct.pack(">III", 1, n, 0))
+                k = min(n, 1001) if MODE == "shortstatus" else n
+                if MODE == "twostatus":
+                    chunk(s, 0, 5, cookie, struct.pack(">III", 1, k, 0))
+                chunk(s, 1, 5, cookie, struct.pack(">III", 1, k, 0))
             elif typ == 3:  # FLUSH
                 s.sendall(struct.pack(">IIQ", REPLY_SIMPLE, 0, cookie))
             else:

@@ -1,0 +1,101 @@
+#!/bin/bash
+# copy-block-sizes.sh: the client keeps to the block sizes a server
+# advertises (§Size constraints). Offsets and lengths are multiples of
+# the minimum, also when the source describes its extents in pieces that
+# are not (the server may describe less than was asked); pieces are
+# multiples of the preferred size where possible; and an export whose
+# size is not a multiple of its minimum cannot be copied (its last bytes
+# cannot be addressed), which must fail up front, loudly. Destinations run
+# nbdkit's blocksize-policy filter, which fails any request that breaks
+# the limits, and every copy is compared with its source.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+need python3
+need nbdkit
+nbdkit --dump-plugin memory >/dev/null 2>&1 || skip "nbdkit memory plugin missing"
+nbdkit --filter=blocksize-policy null --run true >/dev/null 2>&1 ||
+    skip "nbdkit blocksize-policy filter missing (nbdkit >= 1.30)"
+tmpdir_make
+FAKE=$(dirname "$0")/fakenbd.py
+
+# strict SOCK MIN PREF MAX [EXTRA...]: nbdkit memory (4 MiB) that refuses
+# requests breaking MIN/MAX, logging every request to SOCK.log.
+strict () {
+    local sock=$1 min=$2 pref=$3 max=$4
+    shift 4
+    nbdkit -f -U "$sock" --filter=log --filter=blocksize-policy memory 4M \
+        blocksize-minimum="$min" blocksize-preferred="$pref" \
+        blocksize-maximum="$max" blocksize-error-policy=error \
+        logfile="$sock.log" "$@" >>"$TMP/kit.log" 2>&1 &
+    SERVER_PIDS+=($!)
+    wait_for test -S "$sock"
+}
+
+# 1. A source whose block status describes 1001 bytes at a time, into a
+#    destination that refuses anything not a multiple of 512.
+python3 "$FAKE" "$TMP/short.sock" shortstatus $((4 << 20)) \
+    >>"$TMP/fake.log" 2>&1 &
+SERVER_PIDS+=($!)
+wait_for test -S "$TMP/short.sock"
+strict "$TMP/d1.sock" 512 4096 $((1 << 20))
+check "copy with unaligned source extents into a 512-byte-minimum export" \
+    "$NBDFLOW" copy "nbd+unix:///?socket=$TMP/short.sock" \
+    "nbd+unix:///?socket=$TMP/d1.sock"
+"$NBDFLOW" copy "nbd+unix:///?socket=$TMP/short.sock" "$TMP/want.img" ||
+    fail "reading the source to a file failed"
+"$NBDFLOW" copy "nbd+unix:///?socket=$TMP/d1.sock" "$TMP/got.img" ||
+    fail "reading the destination back failed"
+same "$TMP/want.img" "$TMP/got.img"
+
+# 2. Data and holes every 4 KiB, into an export that prefers 64 KiB: every
+#    write, zero and trim is a multiple of 64 KiB at a multiple of 64 KiB.
+python3 - "$TMP/sp.img" <<'PY'
+import os, sys
+with open(sys.argv[1], "wb") as f:
+    f.truncate(4 << 20)
+    for off in range(0, 4 << 20, 12288):
+        f.seek(off)
+        f.write(os.urandom(4096))
+PY
+strict "$TMP/d2.sock" 4096 65536 65536
+check "copy a finely sparse image into a 64 KiB-preferring export" \
+    "$NBDFLOW" copy "$TMP/sp.img" "nbd+unix:///?socket=$TMP/d2.sock"
+python3 - "$TMP/d2.sock.log" <<'PY' || fail "a request was not 64 KiB-aligned"
+import re, sys
+n = 0
+for line in open(sys.argv[1]):
+    m = re.search(r" (Write|Zero|Trim) id=\d+ offset=(0x[0-9a-f]+) "
+                  r"count=(0x[0-9a-f]+)", line)
+    if m:
+        off, cnt = int(m.group(2), 16), int(m.group(3), 16)
+        assert off % 65536 == 0 and cnt % 65536 == 0, line
+        n += 1
+assert n > 0, "no write in the log"
+print("%d requests, all multiples of 64 KiB" % n)
+PY
+"$NBDFLOW" copy "nbd+unix:///?socket=$TMP/d2.sock" "$TMP/back.img" ||
+    fail "reading the 64 KiB export back failed"
+same "$TMP/sp.img" "$TMP/back.img"
+
+# 3. An export of 4 MiB + 1000 bytes with a 512-byte minimum: its last
+#    488 bytes (1000 mod 512) are out of reach, so copy and sum fail and
+#    say so.
+FAKE_MIN=512 python3 "$FAKE" "$TMP/odd.sock" good $((4 << 20 | 1000)) \
+    >>"$TMP/fake.log" 2>&1 &
+SERVER_PIDS+=($!)
+wait_for test -S "$TMP/odd.sock"
+for cmd in copy sum; do
+    rc=0
+    if [ $cmd = copy ]; then
+        "$NBDFLOW" copy "nbd+unix:///?socket=$TMP/odd.sock" "$TMP/odd.img" \
+            2>"$TMP/err" || rc=$?
+    else
+        "$NBDFLOW" sum "nbd+unix:///?socket=$TMP/odd.sock" 2>"$TMP/err" ||
+            rc=$?
+    fi
+    [ "$rc" -ne 0 ] || fail "$cmd of an export with an unaligned size exited 0"
+    grep -q "not a multiple of its minimum block size 512: its last 488 bytes" \
+        "$TMP/err" || fail "$cmd: $(cat "$TMP/err")"
+    note "ok: $cmd refuses: $(cat "$TMP/err")"
+done
+echo "PASS"
