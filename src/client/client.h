@@ -118,6 +118,7 @@ struct client_req {
   int err;
   uint64_t covered;       /* READ: bytes filled by data and hole chunks */
   uint64_t run_lo, run_hi; /* READ: the filled range while it is one */
+  bool status_seen;       /* BLOCK_STATUS: our context's chunk came */
   struct client_req *next;
 };
 

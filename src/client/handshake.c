@@ -15,6 +15,7 @@
 #include "net/sock.h"
 #include "net/tls.h"
 #include "proto/wire.h"
+#include "util/log.h"
 
 struct hs {
   struct client_conn *c;
@@ -112,10 +113,10 @@ hs_reply_error(struct hs *h, uint32_t opt, const struct wire_opt_reply *rep)
           : rep->type == NBD_REP_ERR_POLICY ? -EPERM
           : rep->type == NBD_REP_ERR_TLS_REQD ? -EACCES
           : -EINVAL;
-  return hs_fail(h, err, "server refused %s: %s%s%.*s", wire_opt_name(opt),
+  char why[LOG_ESCAPE_BUF]; /* the server's text, made safe to print */
+  return hs_fail(h, err, "server refused %s: %s%s%s", wire_opt_name(opt),
                  wire_rep_name(rep->type), rep->length ? ": " : "",
-                 (int)(rep->length > 200 ? 200 : rep->length),
-                 (const char *)h->payload);
+                 log_escape(why, h->payload, rep->length));
 }
 
 /* Options that are answered by a single ACK (STRUCTURED_REPLY,

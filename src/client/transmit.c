@@ -14,6 +14,7 @@
 
 #include "net/loop.h"
 #include "proto/wire.h"
+#include "util/log.h"
 
 enum rx_state {
   RX_HDR,     /* reading a reply header into rx_hdr */
@@ -321,6 +322,7 @@ client_submit(struct client_conn *c, struct client_req *r)
   r->err = 0;
   r->covered = 0;
   r->run_lo = r->run_hi = 0;
+  r->status_seen = false;
   c->spans[idx].n = 0;
   r->nextents = 0;
   r->errmsg[0] = '\0';
@@ -492,6 +494,11 @@ client_rx_status(struct client_conn *c, const uint8_t *p, size_t len,
   struct client_req *r = c->rx_req;
   if (wire_get32(p) != c->info.allocation_id)
     return 0; /* a context we did not ask about: ignore */
+  /* "exactly one status chunk per negotiated metadata context ID"
+   * (§NBD_REPLY_TYPE_BLOCK_STATUS): a second one cannot be placed. */
+  if (r->status_seen)
+    return client_proto(c, "two block status chunks for one context");
+  r->status_seen = true;
   size_t hdr = ext ? 8 : 4, each = ext ? 16 : 8;
   size_t n = (len - hdr) / each;
   if (ext && wire_get32(p + 4) != n)
@@ -526,9 +533,10 @@ client_rx_error(struct client_conn *c, const uint8_t *p, size_t len)
   if (with_off && !client_in_req(r, e.offset, 0))
     return client_proto(c, "error offset outside the request");
   if (r->err == 0) {
+    char why[LOG_ESCAPE_BUF]; /* the server's text, made safe to print */
     r->err = e.error ? wire_nbd_to_errno(e.error) : EIO;
-    snprintf(r->errmsg, sizeof r->errmsg, "%.*s", (int)e.msg_len,
-             (const char *)e.msg);
+    snprintf(r->errmsg, sizeof r->errmsg, "%s",
+             log_escape(why, e.msg, e.msg_len));
   }
   return 0;
 }

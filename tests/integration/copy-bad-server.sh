@@ -3,10 +3,11 @@
 # protocol (fakenbd.py, beside this file). Read chunks may come in any
 # order, but they must not overlap: one that repeats a range would leave
 # part of the buffer unfilled while the byte count still adds up, and the
-# copy would succeed with wrong data. A wrong-length NBD_INFO_EXPORT or
-# NBD_INFO_BLOCK_SIZE must fail the handshake, not leave the size at 0.
-# Allowed orders are checked too, and every successful copy is compared
-# with the pattern the server serves.
+# copy would succeed with wrong data. Block status must come as one chunk
+# per context. A wrong-length NBD_INFO_EXPORT or NBD_INFO_BLOCK_SIZE must
+# fail the handshake, not leave the size at 0. A server's error message
+# is shown escaped. Allowed orders are checked too, and every successful
+# copy is compared with the pattern the server serves.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need python3
@@ -49,6 +50,24 @@ rc=0
 "$NBDFLOW" sum "$URI" >"$TMP/out" 2>"$TMP/err" || rc=$?
 [ "$rc" -ne 0 ] || fail "sum over overlapping read chunks exited 0"
 grep -q "overlap" "$TMP/err" || fail "sum: $(cat "$TMP/err")"
+
+fake twostatus
+rc=0
+"$NBDFLOW" copy "$URI" "$TMP/out.img" >"$TMP/out" 2>"$TMP/err" || rc=$?
+[ "$rc" -ne 0 ] || fail "two status chunks for one context: exited 0"
+grep -q "two block status chunks for one context" "$TMP/err" ||
+    fail "two status chunks: $(cat "$TMP/err")"
+note "ok: two status chunks: $(cat "$TMP/err")"
+
+# A server's error message is shown, but escaped: it cannot add a line of
+# its own or reach the terminal.
+fake evilerror
+rc=0
+"$NBDFLOW" copy "$URI" "$TMP/out.img" >"$TMP/out" 2>"$TMP/err" || rc=$?
+check_copy_failed "read error with a hostile message" "$rc" "disk on fire"
+grep -q 'disk on fire\\x0a\\x1b\[2Jforged' "$TMP/err" ||
+    fail "the server's message was not escaped: $(cat -v "$TMP/err")"
+! grep -q "$(printf '\033')" "$TMP/err" || fail "an escape reached stderr"
 
 for mode in badexport badblock; do
     fake "$mode"
