@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "proto/nbd.h"
 
@@ -27,7 +28,8 @@ bool
 uri_is_nbd(const char *s)
 {
   for (size_t i = 0; i < sizeof uri_schemes / sizeof uri_schemes[0]; i++)
-    if (strncmp(s, uri_schemes[i].prefix, strlen(uri_schemes[i].prefix)) == 0)
+    if (strncasecmp(s, uri_schemes[i].prefix,
+                    strlen(uri_schemes[i].prefix)) == 0)
       return true;
   return false;
 }
@@ -216,9 +218,9 @@ uri_parse_parts(const char *s, struct nbd_uri *u, char *err, size_t errlen)
 {
   size_t i;
   for (i = 0; i < sizeof uri_schemes / sizeof uri_schemes[0]; i++)
-    if (strncmp(s, uri_schemes[i].prefix, strlen(uri_schemes[i].prefix)) ==
-        0)
-      break;
+    if (strncasecmp(s, uri_schemes[i].prefix,
+                    strlen(uri_schemes[i].prefix)) == 0)
+      break; /* schemes are case-insensitive (RFC 3986, 3.1) */
   if (i == sizeof uri_schemes / sizeof uri_schemes[0])
     return uri_fail(err, errlen, "not an NBD URI: '%s'", s);
   u->tls = uri_schemes[i].tls;

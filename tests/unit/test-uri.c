@@ -85,6 +85,8 @@ main(void)
   expect_ok("nbds+unix:///?socket=/run/a%20b.sock", true, true, NULL, NULL,
             "/run/a b.sock", "");
   expect_ok("nbd+unix://?socket=s", false, true, NULL, NULL, "s", "");
+  expect_ok("NBDS+Unix://?socket=s", true, true, NULL, NULL, "s", "");
+  expect_ok("NBD://h/e", false, false, "h", "10809", NULL, "e");
   expect_ok("nbd://h/e?x-private=1", false, false, "h", "10809", NULL, "e");
   expect_ok("nbd:///e", false, false, "localhost", "10809", NULL, "e");
 
