@@ -45,7 +45,9 @@ serve_usage(FILE *f)
 "  -q, --quiet                log errors only\n"
 "  -h, --help                 show this help\n"
 "\n"
-"Sockets passed by a service manager (LISTEN_FDS) replace --listen.\n",
+"Sockets passed by a service manager (LISTEN_FDS) replace --listen.\n"
+"SIGTERM/SIGINT: stop accepting, answer requests in flight (at most 5 s),\n"
+"then exit; a second signal exits at once.\n",
           SERVER_DEFAULT_INFLIGHT, SERVER_CONN_BUDGET >> 20);
 }
 

@@ -457,7 +457,12 @@ handshake_option(struct conn *c)
            wire_opt_name(c->opt.option));
     return -1; /* unfixed newstyle has no way to answer */
   }
-  if (opt_tls_required(c, &r)) {
+  if (c->srv->stop_deadline_ms && c->opt.option != NBD_OPT_ABORT) {
+    /* §Option haggling: while shutting down, refuse further options. */
+    if (c->opt.option == NBD_OPT_EXPORT_NAME)
+      return -1; /* cannot be answered with an error */
+    opt_error(c, NBD_REP_ERR_SHUTDOWN, "the server is shutting down");
+  } else if (opt_tls_required(c, &r)) {
     /* answered; an over-long option's data was dropped already */
   } else if (c->state == CS_OPT_DISCARD && c->opt.option != NBD_OPT_ABORT) {
     /* ABORT is answered below whatever its data: its ACK is a MUST and

@@ -533,6 +533,30 @@ server_accept(struct loop *l, int lfd, uint32_t events, void *arg)
 
 /* ---- the loop's periodic work ---- */
 
+/* Shutting down (§Terminating the transmission phase): a connection in
+ * transmission is closed once it is between requests with every reply
+ * out; new requests meanwhile get ESHUTDOWN and new options
+ * ERR_SHUTDOWN. The loop stops when no connection is left, or at the
+ * deadline, and server_cleanup closes the rest. */
+static void
+server_drain(struct server *s)
+{
+  struct conn *c, *next;
+  for (c = s->conns; c; c = next) {
+    next = c->next;
+    if (c->exp == NULL || c->state != CS_REQ_HDR || c->have > 0 ||
+        c->in_off < c->in_len)
+      continue;
+    pthread_mutex_lock(&c->lock);
+    bool idle = c->inflight == 0 && c->sendq == NULL && !c->want_out;
+    pthread_mutex_unlock(&c->lock);
+    if (idle)
+      conn_close(c, NULL);
+  }
+  if (s->conns == NULL || loop_now_ms() >= s->stop_deadline_ms)
+    loop_stop(s->loop);
+}
+
 static void
 server_tick(struct loop *l, void *arg)
 {
@@ -572,6 +596,8 @@ server_tick(struct loop *l, void *arg)
       if (c->is_tcp)
         tcpinfo_sample(&c->tcp, c->fd);
 
+  if (s->stop_deadline_ms)
+    server_drain(s);
   uint64_t now = loop_now_ms();
   if (s->accept_paused_ms && now - s->accept_paused_ms >= 1000) {
     s->accept_paused_ms = 0;
@@ -596,11 +622,25 @@ server_tick(struct loop *l, void *arg)
 static void
 server_on_signal(struct loop *l, int fd, uint32_t events, void *arg)
 {
+  struct server *s = arg;
   struct signalfd_siginfo si;
   ssize_t n = read(fd, &si, sizeof si);
-  if (n == (ssize_t)sizeof si)
-    log_info("signal %u: shutting down", si.ssi_signo);
-  loop_stop(l);
+  unsigned sig = n == (ssize_t)sizeof si ? si.ssi_signo : 0;
+
+  if (s->stop_deadline_ms) {
+    log_info("signal %u again: stopping now", sig);
+    loop_stop(l);
+    return;
+  }
+  log_info("signal %u: shutting down; requests in flight get %d s",
+           sig, SERVER_STOP_GRACE_MS / 1000);
+  for (int i = 0; i < s->nlisten; i++) {
+    loop_del(l, s->listen_fds[i]);
+    close(s->listen_fds[i]);
+  }
+  s->nlisten = 0;
+  s->stop_deadline_ms = loop_now_ms() + SERVER_STOP_GRACE_MS;
+  server_drain(s);
 }
 
 struct export *

@@ -43,6 +43,10 @@
  * filled pages may take more slots than the payload's size says. */
 #define REQ_PIPES 4
 #define SERVER_TICK_MS 200
+/* After SIGTERM/SIGINT: how long requests in flight may take to be
+ * answered, and clients still negotiating to leave, before the server
+ * closes what is left. */
+#define SERVER_STOP_GRACE_MS 5000
 #define CONN_LOG_CAP 16 /* TCP_INFO sampling period with --stats */
 
 struct server_config {
@@ -77,6 +81,7 @@ struct server {
   size_t pipe_max;           /* fs.pipe-max-size: largest pipe we ask for */
   bool warned_sndbuf;     /* the clipped-SO_SNDBUF warning was given */
   struct tls_creds *tls; /* NULL when cfg.tls_mode is TLS_OFF */
+  uint64_t stop_deadline_ms; /* shutting down until then; 0 while serving */
 
   /* Connections a worker asked the loop to look at again (resume reading
    * after backpressure, flush, or finish closing). */

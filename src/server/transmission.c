@@ -769,6 +769,9 @@ transmission_header(struct conn *c)
   if (q->error) {
     conn_log(c, "%s", why);
     q->errmsg = NULL;
+  } else if (c->srv->stop_deadline_ms) {
+    q->error = NBD_ESHUTDOWN; /* §Terminating the transmission phase */
+    q->errmsg = "the server is shutting down";
   } else if (payload > 0 && req_use_splice(c, q, payload)) {
     q->spliced = true;
     c->last_spliced = true;

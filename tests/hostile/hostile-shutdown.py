@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""SIGTERM with clients connected: the server stops accepting, answers
+further options of a client still negotiating with ERR_SHUTDOWN (ABORT
+still with ACK), lets the requests in flight finish and their replies go
+out whole (later requests may get ESHUTDOWN), then closes and exits 0."""
+import os
+import signal
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "lib"))
+from rawnbd import *  # noqa: E402,F401,F403
+
+MAX = 32 << 20
+DEPTH = 8
+SIZE = DEPTH * MAX
+
+
+def refused(server):
+    try:
+        s = server.connect(2)
+    except OSError:
+        return True
+    s.close()
+    return False
+
+
+def main(server):
+    if server.peer:
+        print("SKIP: checks our own server's shutdown")
+        sys.exit(77)
+    h = Conn(server)  # stays in the handshake
+    h.greeting()
+    expect_rep(h.structured_reply(), REP_ACK, "STRUCTURED_REPLY")
+
+    c = Conn(server)
+    c.open_export(structured=False)
+    head = os.urandom(4096)
+    err, _ = c.do(CMD_WRITE, 0, len(head), payload=head)
+    expect_err(err, 0, "WRITE before the shutdown")
+    # Replies left unread: they back up in the server while it stops.
+    for i in range(DEPTH):
+        c.request(CMD_READ, i * MAX, MAX, cookie=100 + i)
+    time.sleep(1)
+
+    server.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while not refused(server):
+        if time.monotonic() > deadline:
+            raise Failure("still accepting 10 s after SIGTERM")
+        time.sleep(0.05)
+    log("ok: new connections refused after SIGTERM")
+
+    done, shut = 0, 0
+    for _ in range(DEPTH):
+        err, data = c.reply(None, MAX)
+        i = c.reply_cookie - 100
+        expect(0 <= i < DEPTH, "reply to an open READ (%d)" % i)
+        if err == ESHUTDOWN:
+            shut += 1
+            continue
+        expect_err(err, 0, "READ %d in flight at SIGTERM" % i)
+        want = head + bytes(MAX - len(head)) if i == 0 else bytes(MAX)
+        expect(data == want, "READ %d whole and right" % i)
+        done += 1
+    expect(done >= 1, "%d READs finished, %d refused with ESHUTDOWN"
+           % (done, shut))
+    expect(c.wait_closed(10), "server closes the transmission client "
+           "once its replies are out")
+    c.close()
+
+    t, _ = h.option(OPT_LIST)
+    expect_rep(t, REP_ERR_SHUTDOWN, "LIST while shutting down")
+    h.send(opt_bytes(OPT_ABORT))
+    o, t, _ = h.opt_reply()
+    expect(o == OPT_ABORT and t == REP_ACK, "ABORT still ACKed")
+    expect(h.wait_closed(10), "server closes after ABORT")
+    h.close()
+
+    try:
+        server.proc.wait(10)
+    except subprocess.TimeoutExpired:
+        raise Failure("server still running 10 s after its clients left")
+    expect(server.proc.returncode == 0, "exit status 0 (got %s)"
+           % server.proc.returncode)
+    check_logged_text(server, "shutting down")
+
+
+def check_logged_text(server, text):
+    expect(text in server.log_text(), "log says %r" % text)
+
+
+run(main, exports=("memory:%d" % SIZE,))
