@@ -547,6 +547,12 @@ server_drain(struct server *s)
     if (c->exp == NULL || c->state != CS_REQ_HDR || c->have > 0 ||
         c->in_off < c->in_len)
       continue;
+    /* Requests already sent but not yet read get their ESHUTDOWN first
+     * ("subsequently received requests SHOULD" get it), instead of a
+     * reset. */
+    if (sock_readable_bytes(c->fd) > 0 ||
+        (c->t.ops->pending && c->t.ops->pending(&c->t) > 0))
+      continue;
     pthread_mutex_lock(&c->lock);
     bool idle = c->inflight == 0 && c->sendq == NULL && !c->want_out;
     pthread_mutex_unlock(&c->lock);

@@ -52,6 +52,15 @@ def main(server):
         time.sleep(0.05)
     log("ok: new connections refused after SIGTERM")
 
+    # The negotiating client first: the grace period is 5 s.
+    t, _ = h.option(OPT_LIST)
+    expect_rep(t, REP_ERR_SHUTDOWN, "LIST while shutting down")
+    h.send(opt_bytes(OPT_ABORT))
+    o, t, _ = h.opt_reply()
+    expect(o == OPT_ABORT and t == REP_ACK, "ABORT still ACKed")
+    expect(h.wait_closed(10), "server closes after ABORT")
+    h.close()
+
     done, shut = 0, 0
     for _ in range(DEPTH):
         err, data = c.reply(None, MAX)
@@ -70,14 +79,6 @@ def main(server):
            "once its replies are out")
     c.close()
 
-    t, _ = h.option(OPT_LIST)
-    expect_rep(t, REP_ERR_SHUTDOWN, "LIST while shutting down")
-    h.send(opt_bytes(OPT_ABORT))
-    o, t, _ = h.opt_reply()
-    expect(o == OPT_ABORT and t == REP_ACK, "ABORT still ACKed")
-    expect(h.wait_closed(10), "server closes after ABORT")
-    h.close()
-
     try:
         server.proc.wait(10)
     except subprocess.TimeoutExpired:
@@ -85,6 +86,36 @@ def main(server):
     expect(server.proc.returncode == 0, "exit status 0 (got %s)"
            % server.proc.returncode)
     check_logged_text(server, "shutting down")
+    late_request()
+
+
+def late_request():
+    """A request that reaches the server after SIGTERM, while its socket is
+    not yet read, gets ESHUTDOWN, not a reset: the signal is made to come
+    first by stopping the server (SIGSTOP) until both are there."""
+    s = Server(["memory:1M"], ())
+    try:
+        c = Conn(s)
+        c.open_export(structured=False)
+        err, _ = c.do(CMD_READ, 0, 4096)
+        expect_err(err, 0, "READ before the shutdown")
+        s.proc.send_signal(signal.SIGSTOP)
+        try:
+            s.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.2)
+            c.request(CMD_READ, 0, 4096, cookie=7)
+            time.sleep(0.2)
+        finally:
+            s.proc.send_signal(signal.SIGCONT)
+        err, _ = c.reply(7, 4096)
+        expect_err(err, ESHUTDOWN, "READ sent after SIGTERM")
+        expect(c.wait_closed(10), "closed after the ESHUTDOWN reply")
+        c.close()
+        s.proc.wait(10)
+        expect(s.proc.returncode == 0, "exit status 0 (got %s)"
+               % s.proc.returncode)
+    finally:
+        s.cleanup()
 
 
 def check_logged_text(server, text):
