@@ -446,8 +446,9 @@ hs_fix_block_sizes(struct client_info *in)
   if (in->min_block == 0 || in->min_block > 65536 ||
       (in->min_block & (in->min_block - 1)))
     in->min_block = 1;
-  if (in->max_block < in->min_block)
-    in->max_block = in->min_block;
+  if (in->max_block < in->min_block ||
+      (in->max_block != UINT32_MAX && in->max_block % in->min_block))
+    in->max_block = NBD_MAX_PAYLOAD_DEFAULT; /* unusable: as if not given */
   if (in->pref_block < in->min_block ||
       (in->pref_block & (in->pref_block - 1)))
     in->pref_block = in->min_block;

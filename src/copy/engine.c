@@ -552,7 +552,9 @@ eng_plan(struct engine *e, uint64_t *len, bool *zero)
     else if (e->ext_pending)
       return PLAN_WAIT;
     /* else the extent table is full of pieces smaller than the
-     * alignment: the request below fails loudly rather than hanging */
+     * alignment: the piece ends where the extents do, which the
+     * server's minimum may still allow (if not, the request is refused
+     * before it goes out and the copy fails, rather than hanging) */
   }
   *len = eng_data_len(e, end);
   return PLAN_OK;

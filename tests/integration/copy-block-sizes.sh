@@ -98,4 +98,20 @@ for cmd in copy sum; do
         "$TMP/err" || fail "$cmd: $(cat "$TMP/err")"
     note "ok: $cmd refuses: $(cat "$TMP/err")"
 done
+# 4. A maximum block size of 0 breaks the rules (it must be at least the
+#    minimum): it is taken as not given, not as a reason to send requests
+#    of one byte.
+FAKE_MAX=0 python3 "$FAKE" "$TMP/max0.sock" good $((4 << 20)) \
+    >>"$TMP/fake.log" 2>&1 &
+SERVER_PIDS+=($!)
+wait_for test -S "$TMP/max0.sock"
+"$NBDFLOW" copy --json "nbd+unix:///?socket=$TMP/max0.sock" "$TMP/m0.img" \
+    >"$TMP/m0.json" || fail "copy from a server with maximum block size 0"
+python3 - "$TMP/m0.json" <<'PY' || fail "tiny requests: $(cat "$TMP/m0.json")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["request_size"] >= 4096 and r["requests"] < 100, r
+PY
+cmp -n $((4 << 20)) "$TMP/m0.img" "$TMP/want.img" ||
+    fail "copy from the maximum-0 server differs"
 echo "PASS"

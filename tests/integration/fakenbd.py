@@ -17,8 +17,9 @@ Modes (what READ replies and the handshake do):
   evilerror   READ fails with EIO and a message holding a newline and a
               terminal escape
 
-The environment variable FAKE_MIN sets the minimum block size advertised
-(default 1); requests that break it get EINVAL.
+The environment variables FAKE_MIN and FAKE_MAX set the minimum and
+maximum block sizes advertised (default 1 and 32 MiB); requests that
+break the minimum get EINVAL.
 """
 import os
 import socket
@@ -29,6 +30,7 @@ import threading
 PATH, MODE, SIZE = sys.argv[1], sys.argv[2], int(sys.argv[3])
 PIECE = 4096
 MIN = int(os.environ.get("FAKE_MIN", "1"))
+MAX = int(os.environ.get("FAKE_MAX", str(1 << 25)))
 
 OPT_MAGIC = 0x3e889045565a9
 REPLY_STRUCT = 0x668e33ef
@@ -98,7 +100,7 @@ def handshake(s):
         elif opt in (6, 7):  # INFO, GO
             info = struct.pack(">HQH", 0, SIZE, TFLAGS)
             opt_reply(s, opt, 3, info + (b"x" if MODE == "badexport" else b""))
-            block = struct.pack(">HIII", 3, MIN, max(MIN, 4096), 1 << 25)
+            block = struct.pack(">HIII", 3, MIN, max(MIN, 4096), MAX)
             opt_reply(s, opt, 3, block + (b"x" if MODE == "badblock" else b""))
             opt_reply(s, opt, 1)
             if opt == 7:
