@@ -251,7 +251,6 @@ copy_report_json(const struct copy_args *a, const struct copy_stats *st,
          st->tcp_json_each);
 }
 
-/* Reads DST back over a fresh session and compares chunk digests. */
 /* A pipe's length shows only at its end. When the copy from standard
  * input stopped because the destination was full, whatever input is left
  * did not land: that is a failure, not a copy of the first bytes. 0 when
@@ -275,6 +274,7 @@ copy_input_left(const char *dst, uint64_t dst_size)
   return 1;
 }
 
+/* Reads DST back over a fresh session and compares chunk digests. */
 static int
 copy_verify(struct copy_args *a, const struct copy_chunks *want,
             uint64_t size)
