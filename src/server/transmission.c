@@ -365,14 +365,21 @@ req_try_send(struct conn *c, struct req *q, int flags)
   return 1;
 }
 
+/* A request holding cost payload bytes fits beside what the requests in
+ * flight hold: within SERVER_CONN_BUDGET, or alone. Under c->lock. */
+static bool
+conn_fits_locked(const struct conn *c, size_t cost)
+{
+  return cost == 0 || c->held == 0 || c->held + cost <= SERVER_CONN_BUDGET;
+}
+
 /* Reading may go on: below max_inflight, and a header parked for want
- * of budget now fits (or nothing else is held). Under c->lock. */
+ * of budget (wait_cost, 0 if none) now fits. Under c->lock. */
 static bool
 conn_may_resume_locked(struct conn *c)
 {
   return c->inflight < c->srv->cfg.max_inflight &&
-         (c->wait_cost == 0 || c->held == 0 ||
-          c->held + c->wait_cost <= SERVER_CONN_BUDGET);
+         conn_fits_locked(c, c->wait_cost);
 }
 
 /* q is no longer in flight: its slot and its payload bytes are free.
@@ -709,8 +716,7 @@ static bool
 conn_admit(struct conn *c, size_t cost)
 {
   pthread_mutex_lock(&c->lock);
-  bool fits = cost == 0 || c->held == 0 ||
-              c->held + cost <= SERVER_CONN_BUDGET;
+  bool fits = conn_fits_locked(c, cost);
   if (fits) {
     c->held += cost;
     c->wait_cost = 0;
