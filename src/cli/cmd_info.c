@@ -149,6 +149,12 @@ info_map_file(int fd, uint64_t size, bool json)
   while (off < size) {
     struct endpoint_extent e;
     int r = endpoint_file_extent(fd, off, size, &e);
+    if (r == -ENXIO) {
+      log_error("offset %llu: the file shrank below %llu bytes while it "
+                "was read", (unsigned long long)off,
+                (unsigned long long)size);
+      return -EIO;
+    }
     if (r < 0) {
       log_error("seek at offset %llu: %s", (unsigned long long)off,
                 strerror(-r));

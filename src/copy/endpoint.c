@@ -98,7 +98,11 @@ endpoint_file_extent(int fd, uint64_t off, uint64_t size,
 {
   off_t d = lseek(fd, (off_t)off, SEEK_DATA);
   if (d < 0) {
-    if (errno == ENXIO) { /* only a hole remains */
+    if (errno == ENXIO) { /* only a hole remains, or the file shrank */
+      struct stat st;
+      if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+          (uint64_t)st.st_size < size)
+        return -ENXIO; /* what is gone must not be copied as zeroes */
       *e = (struct endpoint_extent){ size - off, true };
       return 0;
     }
@@ -284,6 +288,12 @@ file_extents(struct endpoint *e, struct ep_op *op)
   while (off < end && op->nextents < op->max_extents) {
     struct endpoint_extent x;
     int r = endpoint_file_extent(p->fd, off, e->size, &x);
+    if (r == -ENXIO) {
+      snprintf(op->errmsg, sizeof op->errmsg,
+               "the file is now shorter than the %llu bytes being copied",
+               (unsigned long long)e->size);
+      return -EIO;
+    }
     if (r < 0)
       return r;
     op->extents[op->nextents++] = x;

@@ -190,7 +190,8 @@ void ep_env_complete(struct ep_env *env, struct ep_op *op);
 void ep_env_drain(struct ep_env *env);
 
 /* File helpers shared with info. endpoint_file_extent describes the run
- * starting at off (data or hole) up to size. */
+ * starting at off (data or hole) up to size; -ENXIO when a regular file
+ * is now shorter than size. */
 int endpoint_file_size(int fd, uint64_t *size);
 int endpoint_file_extent(int fd, uint64_t off, uint64_t size,
                          struct endpoint_extent *e);

@@ -48,6 +48,29 @@ check "read back through the delay filter" \
     "$NBDFLOW" copy "$(uri "$TMP/slow.sock")" "$TMP/back.img"
 same "$TMP/src.img" "$TMP/back.img"
 
+# A source file cut short during the copy: what is gone must fail the
+# copy, not arrive as zeroes. 3072 extents of data fill the first 96 MiB
+# (more than the copy looks ahead), a hole the rest; the file shrinks to
+# 200 MiB long before the copy reaches 96 MiB (at least 1,000 writes of
+# 10 ms, 4 at a time), so its look at the hole finds the file shorter.
+python3 - "$TMP/shrink.img" <<'PY'
+import os, sys
+with open(sys.argv[1], "wb") as f:
+    f.truncate(256 << 20)
+    for i in range(3072):
+        f.seek(i * 32768)
+        f.write(os.urandom(4096))
+PY
+kit "$TMP/shrink.sock" --filter=delay memory 256M wdelay=10ms
+"$NBDFLOW" copy --max-requests 4 --destination-is-zero --json \
+    "$TMP/shrink.img" "$(uri "$TMP/shrink.sock")" >"$TMP/out" 2>"$TMP/err" &
+copy_pid=$!
+sleep 0.5
+truncate -s 200M "$TMP/shrink.img"
+rc=0
+wait "$copy_pid" || rc=$?
+check_copy_failed "source shrank" "$rc" "shorter than the 268435456 bytes"
+
 # Kill the server in the middle of a slow copy.
 kit "$TMP/kill.sock" --filter=delay memory 16M wdelay=100ms
 "$NBDFLOW" copy --request-size 256K --inflight 1M --json "$TMP/src.img" \
