@@ -44,6 +44,8 @@ struct nbd_priv {
                              the count is fixed */
   bool closing;           /* late failures are no news any more */
   bool no_fast_zero;      /* FAST_ZERO was refused once: stop trying */
+  uint64_t zero_cap;      /* largest WRITE_ZEROES once one longer than
+                             the maximum payload was refused; 0: none */
   struct client_extent status[NBD_STATUS_BATCH]; /* the one EXTENTS op */
   struct client_req *flush_reqs; /* one per connection */
   struct ep_op *flush_op;
@@ -130,6 +132,44 @@ nbd_pick(struct endpoint *e)
   return best;
 }
 
+/* Zeroing longer than the maximum payload: the spec lets a server answer
+ * EOVERFLOW or EINVAL (it may need a scratch buffer of that size), so
+ * such a refusal is not a failure: the same range goes on in pieces of
+ * the maximum payload, one after another, and later zeroing starts that
+ * way. After a piece succeeds the next is sent. Returns 1 when a
+ * request went out again for this op, 0 when the op is over, -errno when
+ * the next piece could not be sent. */
+static int
+nbd_zero_next(struct nbd_priv *p, struct nbd_slot *s, struct client_req *r,
+              int err)
+{
+  struct ep_op *op = (struct ep_op *)((char *)r - offsetof(struct ep_op, req));
+  uint64_t end = op->offset + op->length;
+  uint64_t cap = client_max_payload(&s->c);
+  if (s->c.info.min_block > 1)
+    cap -= cap % s->c.info.min_block;
+  if (err == EOVERFLOW || err == EINVAL) {
+    if (r->length <= cap || cap == 0)
+      return 0; /* refused for another reason */
+    if (p->zero_cap == 0 || cap < p->zero_cap) {
+      p->zero_cap = cap;
+      log_info("%s: zeroing in pieces of %llu bytes (a longer one was "
+               "refused: %s)", s->e->name, (unsigned long long)cap,
+               strerror(err));
+    }
+  } else if (err != 0 || r->offset + r->length >= end) {
+    return 0;
+  } else {
+    r->offset += r->length;
+  }
+  r->length = end - r->offset;
+  if (p->zero_cap && r->length > p->zero_cap)
+    r->length = p->zero_cap;
+  int e2 = client_submit(&s->c, r);
+  nbd_update_interest(s);
+  return e2 == 0 ? 1 : e2;
+}
+
 static void
 nbd_req_done(struct client_req *r, int err)
 {
@@ -146,6 +186,13 @@ nbd_req_done(struct client_req *r, int err)
     if (e2 == 0)
       return;
     err = -e2;
+  }
+  if (op->type == EP_ZERO && !s->c.fatal) {
+    int z = nbd_zero_next(p, s, r, err);
+    if (z > 0)
+      return;
+    if (z < 0)
+      err = -z;
   }
   op->err = err;
   nbd_copy_msg(op, r, &s->c);
@@ -232,6 +279,8 @@ nbd_submit(struct endpoint *e, struct ep_op *op)
     break;
   case EP_ZERO:
     r->type = NBD_CMD_WRITE_ZEROES;
+    if (p->zero_cap && r->length > p->zero_cap)
+      r->length = p->zero_cap; /* nbd_zero_next sends the rest */
     if ((s->c.info.tflags & NBD_FLAG_SEND_FAST_ZERO) && !p->no_fast_zero)
       r->flags = NBD_CMD_FLAG_FAST_ZERO;
     break;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""fakenbd.py SOCKET MODE SIZE: a small read-only NBD server on a Unix
-socket that misbehaves on purpose, for testing what nbdflow's client
-accepts. It serves SIZE bytes of a fixed pattern (byte i is
+"""fakenbd.py SOCKET MODE SIZE: a small NBD server on a Unix socket
+(read-only but in zerocap mode) that misbehaves on purpose, for testing
+what nbdflow's client accepts. It serves SIZE bytes of a fixed pattern (byte i is
 (i * 7 + i // 4096) mod 256), speaks fixed newstyle with GO, structured
 replies and base:allocation, and exits after 60 s without a connection.
 
@@ -16,6 +16,10 @@ Modes (what READ replies and the handshake do):
   twostatus   BLOCK_STATUS answered by two chunks for the same context
   evilerror   READ fails with EIO and a message holding a newline and a
               terminal escape
+  zerocap     writable, starting as bytes 0xAA (not the pattern): WRITE
+              stores, WRITE_ZEROES longer than the maximum block size
+              gets EOVERFLOW (the spec allows it), shorter ones zero; each
+              WRITE_ZEROES is logged on stdout as "zero LENGTH ok|refused"
 
 The environment variables FAKE_MIN and FAKE_MAX set the minimum and
 maximum block sizes advertised (default 1 and 32 MiB); requests that
@@ -36,9 +40,15 @@ OPT_MAGIC = 0x3e889045565a9
 REPLY_STRUCT = 0x668e33ef
 REPLY_SIMPLE = 0x67446698
 TFLAGS = 1 | 2 | 4 | 8  # HAS_FLAGS READ_ONLY SEND_FLUSH SEND_FUA
+if MODE == "zerocap":
+    TFLAGS = 1 | 4 | 8 | 64  # writable, SEND_WRITE_ZEROES
+DISK = bytearray(b"\xaa") * SIZE if MODE == "zerocap" else None
+LOCK = threading.Lock()
 
 
 def pattern(off, n):
+    if DISK is not None:
+        return bytes(DISK[off:off + n])
     return bytes(((i * 7 + i // 4096) & 0xFF) for i in range(off, off + n))
 
 
@@ -120,6 +130,9 @@ def serve(s):
                 ">IHHQQI", recv_exact(s, 28))
             if typ == 2:  # DISC
                 return
+            payload = b""
+            if typ == 1 and DISK is not None:  # WRITE: its payload first
+                payload = recv_exact(s, n)
             if off % MIN or n % MIN or off + n > SIZE:
                 s.sendall(struct.pack(">IIQ", REPLY_SIMPLE, 22, cookie))
             elif typ == 0:
@@ -131,6 +144,19 @@ def serve(s):
                 chunk(s, 1, 5, cookie, struct.pack(">III", 1, k, 0))
             elif typ == 3:  # FLUSH
                 s.sendall(struct.pack(">IIQ", REPLY_SIMPLE, 0, cookie))
+            elif typ == 1 and DISK is not None:  # WRITE
+                with LOCK:
+                    DISK[off:off + n] = payload
+                s.sendall(struct.pack(">IIQ", REPLY_SIMPLE, 0, cookie))
+            elif typ == 6 and DISK is not None:  # WRITE_ZEROES
+                ok = n <= MAX
+                if ok:
+                    with LOCK:
+                        DISK[off:off + n] = bytes(n)
+                print("zero %d %s" % (n, "ok" if ok else "refused"),
+                      flush=True)
+                s.sendall(struct.pack(">IIQ", REPLY_SIMPLE, 0 if ok else 75,
+                                      cookie))
             else:
                 s.sendall(struct.pack(">IIQ", REPLY_SIMPLE, 22, cookie))
     except (EOFError, OSError):
