@@ -107,7 +107,9 @@ uri_parse_authority(const char *a, size_t len, struct nbd_uri *u, char *err,
     if (hend == NULL)
       return uri_fail(err, errlen, "unterminated IPv6 literal '%.*s'",
                       (int)len, a);
-    u->host = strndup(a + 1, (size_t)(hend - a - 1));
+    /* RFC 6874: a zone is written "%25zone" inside the brackets
+     * ("[fe80::1%25eth0]"); decoded, getaddrinfo takes "fe80::1%eth0". */
+    u->host = uri_decode(a + 1, (size_t)(hend - a - 1), false, NULL);
     rest = hend + 1;
   } else {
     hend = memchr(a, ':', len);

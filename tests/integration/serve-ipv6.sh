@@ -18,4 +18,30 @@ same "$TMP/src.img" "$TMP/out.img"
 check_fails "no IPv4 listener on 127.0.0.1:$port" \
     nbdinfo --size "nbd://127.0.0.1:$port"
 serve_stop
+
+# A link-local address needs its zone: nbd://[fe80::1%25lo]/ (RFC 6874,
+# "%25" is the '%'). In a network namespace of the test's own, where lo
+# gets fe80::1; copy in and out through that URI and compare.
+if command -v ip >/dev/null && unshare -n true 2>/dev/null; then
+    NBDFLOW=$NBDFLOW TMP=$TMP unshare -n bash -c '
+        set -e
+        ip link set lo up
+        ip addr add fe80::1/64 dev lo nodad
+        "$NBDFLOW" serve --listen "[fe80::1%lo]:10809" memory:8M \
+            2>"$TMP/zone.log" &
+        pid=$!
+        trap "kill $pid 2>/dev/null; wait $pid 2>/dev/null" EXIT
+        for i in $(seq 100); do
+            grep -q listening "$TMP/zone.log" && break
+            sleep 0.05
+        done
+        "$NBDFLOW" copy "$TMP/src.img" "nbd://[fe80::1%25lo]/"
+        rm -f "$TMP/zone.img"
+        "$NBDFLOW" copy "nbd://[fe80::1%25lo]/" "$TMP/zone.img"
+    ' || fail "copy through nbd://[fe80::1%25lo]/: $(cat "$TMP/zone.log")"
+    same "$TMP/src.img" "$TMP/zone.img"
+    note "ok: link-local address with a zone"
+else
+    note "zone check skipped: no ip(8) or no network namespaces here"
+fi
 echo "PASS: IPv6 loopback"

@@ -77,6 +77,9 @@ main(void)
   expect_ok("nbd://127.0.0.1:1234/x", false, false, "127.0.0.1", "1234",
             NULL, "x");
   expect_ok("nbd://[::1]:10810/", false, false, "::1", "10810", NULL, "");
+  /* RFC 6874 zone: %25 stands for the '%' before the zone. */
+  expect_ok("nbd://[fe80::1%25eth0]:10810/x", false, false, "fe80::1%eth0",
+            "10810", NULL, "x");
   expect_ok("nbd://[fe80::1]", false, false, "fe80::1", "10809", NULL, "");
   expect_ok("nbd://alice@host:7/e", false, false, "host", "7", NULL, "e");
   expect_ok("nbd://host:/e", false, false, "host", "10809", NULL, "e");
@@ -133,6 +136,7 @@ main(void)
   expect_fail("nbd://host:65536/", "port too large");
   expect_fail("nbd://host:12a/", "port not a number");
   expect_fail("nbd://[::1/", "unterminated IPv6 literal");
+  expect_fail("nbd://[fe80::1%eth0]/", "bad host");
   expect_fail("nbd://host/a%2", "truncated escape");
   expect_fail("nbd://host/a%zz", "bad escape");
   expect_fail("nbd://host/a%00b", "NUL in export name");
