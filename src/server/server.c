@@ -393,9 +393,12 @@ conn_read(struct conn *c)
     if (n == 0) {
       if (c->state <= CS_OPT_DISCARD)
         log_warn("%s: client disconnected during the handshake", c->peer);
-      else if (c->have > 0 || c->state != CS_REQ_HDR)
+      else if (c->cur)
         log_warn("%s: client disconnected in the middle of a %s request",
-                 c->peer, c->cur ? wire_cmd_name(c->cur->r.type) : "");
+                 c->peer, wire_cmd_name(c->cur->r.type));
+      else if (c->have > 0)
+        log_warn("%s: client disconnected after %zu of %zu bytes of a "
+                 "request header", c->peer, c->have, c->need);
       else
         log_debug("%s: client disconnected without NBD_CMD_DISC", c->peer);
       conn_close(c, NULL);

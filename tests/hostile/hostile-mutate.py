@@ -30,6 +30,7 @@ HOSTILE_MUTATE_SEED=S runs seed S alone (to reproduce a failure).
 import hashlib
 import os
 import random
+import re
 import shutil
 import socket
 import struct
@@ -826,6 +827,12 @@ def log_checks(server, cid, logpos, v, early, shut):
           % len(lines))
     for line in lines:
         check(len(line) <= 1024, "log line of %d characters" % len(line))
+        # A blank where the problem should be named (a client's own
+        # strings are quoted, so cut them out first).
+        bare = re.sub(r'"[^"]*("|$)', '""', line)
+        check("  " not in bare.split(": ", 2)[-1] and not
+              bare.rstrip().endswith(":"), "log line names nothing: %r"
+              % line)
 
 
 # ---- the run ----
