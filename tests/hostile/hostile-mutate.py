@@ -24,7 +24,8 @@ export, connected all along, finds its data intact at the end, also as read
 by nbdcopy; --max-connections is small so that a leaked connection slot
 shows up as a refused connection.
 
-HOSTILE_MUTATE_SEEDS=N (default 1000) sets how many seeds run;
+HOSTILE_MUTATE_SEEDS=N (default 1000) sets how many seeds run, from
+HOSTILE_MUTATE_FIRST (default 0);
 HOSTILE_MUTATE_SEED=S runs seed S alone (to reproduce a failure).
 """
 import hashlib
@@ -884,8 +885,10 @@ def main(server):
         expect_err(err, 0, "bystander WRITE at %d" % off)
 
     one = os.environ.get("HOSTILE_MUTATE_SEED")
+    first = int(os.environ.get("HOSTILE_MUTATE_FIRST", "0"))
     seeds = ([int(one)] if one else
-             range(int(os.environ.get("HOSTILE_MUTATE_SEEDS", "1000"))))
+             range(first, first +
+                   int(os.environ.get("HOSTILE_MUTATE_SEEDS", "1000"))))
     kinds = {}
     early = 0
     t0 = time.monotonic()
