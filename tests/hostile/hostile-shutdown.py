@@ -89,6 +89,21 @@ def main(server):
     late_request()
 
 
+def wait_idle(pid):
+    """Waits until the server's loop (its main thread) sleeps in
+    epoll_wait, seen on three reads in a row (at most 5 s)."""
+    path = "/proc/%d/task/%d/wchan" % (pid, pid)
+    seen = 0
+    deadline = time.monotonic() + 5
+    while seen < 3 and time.monotonic() < deadline:
+        try:
+            with open(path) as f:
+                seen = seen + 1 if "epoll_wait" in f.read() else 0
+        except OSError:
+            return
+        time.sleep(0.02)
+
+
 def late_request():
     """A request that reaches the server after SIGTERM, while its socket is
     not yet read, gets ESHUTDOWN, not a reset: the signal is made to come
@@ -99,6 +114,10 @@ def late_request():
         c.open_export(structured=False)
         err, _ = c.do(CMD_READ, 0, 4096)
         expect_err(err, 0, "READ before the shutdown")
+        # Stopped anywhere but in epoll_wait (still handling the READ),
+        # the loop would read the next request on waking before it saw
+        # the signal: a request that came first, as far as it can know.
+        wait_idle(s.proc.pid)
         s.proc.send_signal(signal.SIGSTOP)
         try:
             s.proc.send_signal(signal.SIGTERM)
