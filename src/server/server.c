@@ -183,7 +183,8 @@ conn_step(struct conn *c)
     return handshake_flags(c);
   case CS_OPT_HDR:
     if (wire_decode_opt(c->msg, &c->opt) < 0) {
-      log_warn("%s: bad option magic", c->peer);
+      log_warn("%s: bad option magic 0x%016llx", c->peer,
+               (unsigned long long)wire_get64(c->msg));
       return -1;
     }
     if (c->opt.length == 0)

@@ -33,6 +33,8 @@ def main(server):
         c.greeting()
         c.send(struct.pack(">QII", magic, OPT_LIST, 0))
         must_close(server, c, "option magic 0x%016x" % magic)
+        check_logged(server, c.client_id(), "the bad magic's value",
+                     pattern="bad option magic 0x%016x" % magic)
 
     # The same after a good option: the state machine must not remember.
     c = Conn(server)
