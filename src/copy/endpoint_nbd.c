@@ -255,6 +255,21 @@ nbd_submit_flush(struct endpoint *e, struct ep_op *op)
   return 0;
 }
 
+/* Every connection is dead: the op is accepted and fails through its
+ * callback, carrying the connection's reason ("reply to a request not in
+ * flight", "server closed the connection"). Refused at once, it would
+ * name only an errno, and the caller would report it ahead of the
+ * failures already waiting to be called back, among them the one that
+ * killed the connection. */
+static int
+nbd_fail_dead(struct endpoint *e, struct ep_op *op, const struct client_conn *c)
+{
+  op->err = c->fatal ? c->fatal : EIO;
+  snprintf(op->errmsg, sizeof op->errmsg, "%.120s", c->errmsg);
+  ep_env_complete(e->env, op);
+  return 0;
+}
+
 static int
 nbd_submit(struct endpoint *e, struct ep_op *op)
 {
@@ -263,7 +278,7 @@ nbd_submit(struct endpoint *e, struct ep_op *op)
     return nbd_submit_flush(e, op);
   struct nbd_slot *s = nbd_pick(e);
   if (s == NULL)
-    return -p->slots[0].c.fatal;
+    return nbd_fail_dead(e, op, &p->slots[0].c);
   struct client_req *r = &op->req;
   *r = (struct client_req){ .offset = op->offset, .length = op->length,
                             .buf = op->buf, .done = nbd_req_done, .arg = s };

@@ -8,7 +8,9 @@
 # their SHA-256, info that size. Never a crash, a sanitizer report, a hang
 # (each run is bounded by timeout(1); --timeout 3 is copy's own bound on a
 # server that stops answering), a raw control character on stderr or in
-# info's output, or a success after the server failed a READ.
+# info's output, a success after the server failed a READ, or a failure
+# the client found itself (a protocol error, a lost connection) reported
+# as a bare errno without what it found.
 #
 # Every run starts a new connection whose damage depends on its seed
 # alone, so a failure reproduces by itself: the message printed names the
@@ -51,6 +53,12 @@ check_run () {
         [ "$(grep -c error "$d/err")" -eq 1 ] ||
             { echo "exit $rc without exactly one error line"; return 1; }
         [ ! -s "$d/out" ] || { echo "exit $rc, but printed output"; return 1; }
+        # These errnos are the client's own findings, never a server's
+        # error code: the line must say what was found.
+        local bare='length [0-9]+: (Protocol error|Broken pipe|Connection '
+        bare+='reset by peer|Cannot send after transport endpoint shutdown)$'
+        ! grep -Eq "$bare" "$d/err" ||
+            { echo "exit $rc, but the error does not say why"; return 1; }
         return 0
     fi
     grep -q error "$d/err" && { echo "exit 0 with an error line"; return 1; }
