@@ -15,8 +15,9 @@ region that BLOCK_STATUS reports as a hole. It speaks fixed newstyle:
 STRUCTURED_REPLY, SET_META_CONTEXT base:allocation, INFO/GO with
 NBD_INFO_EXPORT, _NAME, _DESCRIPTION and _BLOCK_SIZE, EXPORT_NAME (for
 a client that saw no fixed-newstyle flag); READ answered by 1 to 6
-chunks in a random order, BLOCK_STATUS, FLUSH. Its own state always follows what the client
-actually asked; only the bytes of the one damaged message differ.
+chunks in a random order, BLOCK_STATUS, FLUSH. Its own state always
+follows what the client actually asked; only the bytes of the one
+damaged message differ.
 
 Messages are numbered as sent: the greeting is 0, every option reply is
 one, and so is every reply or chunk in transmission. The seed picks one
