@@ -31,19 +31,80 @@ struct info_map {
   uint32_t type;
 };
 
+/* Length of the valid UTF-8 sequence at p (2 to 4), or 0 when p does not
+ * start one (stray continuation, overlong form, surrogate, > U+10FFFF). */
+static size_t
+info_utf8_len(const unsigned char *p)
+{
+  unsigned char lo = 0x80, hi = 0xbf;
+  size_t n;
+  if (p[0] >= 0xc2 && p[0] <= 0xdf)
+    n = 2;
+  else if (p[0] >= 0xe0 && p[0] <= 0xef)
+    n = 3;
+  else if (p[0] >= 0xf0 && p[0] <= 0xf4)
+    n = 4;
+  else
+    return 0;
+  if (p[0] == 0xe0)
+    lo = 0xa0;
+  else if (p[0] == 0xed)
+    hi = 0x9f;
+  else if (p[0] == 0xf0)
+    lo = 0x90;
+  else if (p[0] == 0xf4)
+    hi = 0x8f;
+  if (p[1] < lo || p[1] > hi)
+    return 0;
+  for (size_t i = 2; i < n; i++)
+    if (p[i] < 0x80 || p[i] > 0xbf)
+      return 0;
+  return n;
+}
+
+/* A server's string as a JSON string: control characters (DEL and C1
+ * included) escaped, bytes that are not UTF-8 replaced by U+FFFD, so the
+ * output stays valid JSON whatever the server sent. */
 static void
 info_json_str(const char *s)
 {
   putchar('"');
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+  for (const unsigned char *p = (const unsigned char *)s; *p;) {
+    size_t n = *p < 0x80 ? 1 : info_utf8_len(p);
     if (*p == '"' || *p == '\\')
       printf("\\%c", *p);
-    else if (*p < 0x20)
+    else if (*p < 0x20 || *p == 0x7f)
       printf("\\u%04x", *p);
+    else if (n == 0)
+      printf("\\ufffd");
+    else if (n == 2 && p[0] == 0xc2 && p[1] <= 0x9f)
+      printf("\\u%04x", p[1]); /* a C1 control */
     else
-      putchar(*p);
+      fwrite(p, 1, n, stdout);
+    p += n ? n : 1;
   }
   putchar('"');
+}
+
+/* A server's string on a terminal: control characters (C0, DEL, C1),
+ * backslashes and bytes that are not UTF-8 are shown as \xNN, so a name
+ * or description cannot move the cursor, clear the screen or forge a
+ * line. UTF-8 text passes as it is. */
+static void
+info_text_str(const char *s)
+{
+  for (const unsigned char *p = (const unsigned char *)s; *p;) {
+    size_t n = *p < 0x80 ? 1 : info_utf8_len(p);
+    if (n == 2 && p[0] == 0xc2 && p[1] <= 0x9f)
+      n = 0; /* a C1 control: both bytes escaped */
+    if (n == 0 || *p < 0x20 || *p == 0x7f || *p == '\\') {
+      printf("\\x%02x", *p);
+      p++;
+    } else {
+      fwrite(p, 1, n, stdout);
+      p += n;
+    }
+  }
 }
 
 static const char *
@@ -210,14 +271,24 @@ info_print_nbd(const struct client_conn *c, const char *uri, bool json)
            in->tls ? "with" : "without",
            in->extended ? ", using extended packets"
            : in->structured ? ", using structured packets" : "");
-    for (size_t i = 0; i < in->nexports; i++)
-      printf("listed export: \"%s\"\n", in->exports[i]);
-    printf("export=\"%s\":\n", in->name ? in->name : "");
-    if (in->description)
-      printf("\tdescription: %s\n", in->description);
+    for (size_t i = 0; i < in->nexports; i++) {
+      printf("listed export: \"");
+      info_text_str(in->exports[i]);
+      printf("\"\n");
+    }
+    printf("export=\"");
+    info_text_str(in->name ? in->name : "");
+    printf("\":\n");
+    if (in->description) {
+      printf("\tdescription: ");
+      info_text_str(in->description);
+      putchar('\n');
+    }
     printf("\texport-size: %llu (%s)\n", (unsigned long long)in->size,
            size_format(in->size, sz, sizeof sz));
-    printf("\turi: %s\n", uri);
+    printf("\turi: ");
+    info_text_str(uri);
+    putchar('\n');
     printf("\tcontexts:\n%s", in->allocation ? "\t\tbase:allocation\n" : "");
   }
   info_flag(json, "is_rotational", f & NBD_FLAG_ROTATIONAL);

@@ -5,8 +5,8 @@
 # part of the buffer unfilled while the byte count still adds up, and the
 # copy would succeed with wrong data. Block status must come as one chunk
 # per context. A wrong-length NBD_INFO_EXPORT or NBD_INFO_BLOCK_SIZE must
-# fail the handshake, not leave the size at 0. A server's error message
-# is shown escaped. Allowed orders are checked too, and every successful
+# fail the handshake, not leave the size at 0. A server's error message,
+# export names and description are shown escaped. Allowed orders are checked too, and every successful
 # copy is compared with the pattern the server serves.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -97,6 +97,34 @@ grep -q "refused" "$TMP/zc.log" || fail "no long zeroing was tried: $(cat "$TMP/
 ! awk '$3 == "ok" && $2 > 1048576 { bad = 1 } END { exit !bad }' \
     "$TMP/zc.log" || fail "zeroing over the maximum: $(cat "$TMP/zc.log")"
 note "ok: long zeroing refused, then done in pieces: $(tr '\n' ' ' <"$TMP/zc.log")"
+
+# A server's names and description reach info's output escaped: no
+# terminal control, no forged line; --json stays valid UTF-8 JSON with the
+# strings intact where they are text.
+fake evilnames
+check "info --list from a server with hostile names" \
+    "$NBDFLOW" info --list "$URI"
+"$NBDFLOW" info --list "$URI" >"$TMP/info.txt"
+python3 - "$TMP/info.txt" <<'PY' || fail "info: $(cat -v "$TMP/info.txt")"
+import sys
+out = open(sys.argv[1], "rb").read()
+bad = [b for b in out if (b < 0x20 and b not in (9, 10)) or b == 0x7f]
+assert not bad, "control bytes %r" % bad
+assert b"\xc2\x9b" not in out and b"\xff" not in out, "C1 or non-UTF-8"
+assert not any(l.startswith(b"forged") for l in out.split(b"\n")), "forged"
+assert b"\\x1b[2J\\x0aforged: name" in out, "name not shown escaped"
+assert b"caf\xc3\xa9" in out, "UTF-8 text was mangled"
+PY
+"$NBDFLOW" info --json --list "$URI" >"$TMP/info.json"
+python3 - "$TMP/info.json" <<'PY' || fail "info --json: $(cat -v "$TMP/info.json")"
+import json, sys
+d = json.loads(open(sys.argv[1], "rb").read().decode("utf-8"))
+e = d["exports"][0]
+assert e["export-name"] == "name\x1b[2J\nforged: name", e["export-name"]
+assert e["description"] == "desc\x1b]0;title\x07 \x9b31m\\ \ufffd\ufffd caf\u00e9", e["description"]
+assert d["export-names"] == ["list\x1b[31m\r\nforged: list"], d["export-names"]
+PY
+note "ok: hostile names shown escaped, JSON valid"
 
 for mode in badexport badblock; do
     fake "$mode"

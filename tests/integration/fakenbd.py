@@ -16,6 +16,9 @@ Modes (what READ replies and the handshake do):
   twostatus   BLOCK_STATUS answered by two chunks for the same context
   evilerror   READ fails with EIO and a message holding a newline and a
               terminal escape
+  evilnames   NBD_INFO_NAME, NBD_INFO_DESCRIPTION and a LIST name that
+              hold newlines, terminal escapes, a C1 control (UTF-8),
+              bytes that are not UTF-8 and a real UTF-8 letter
   zerocap     writable, starting as bytes 0xAA (not the pattern): WRITE
               stores, WRITE_ZEROES longer than the maximum block size
               gets EOVERFLOW (the spec allows it), shorter ones zero; each
@@ -44,6 +47,9 @@ if MODE == "zerocap":
     TFLAGS = 1 | 4 | 8 | 64  # writable, SEND_WRITE_ZEROES
 DISK = bytearray(b"\xaa") * SIZE if MODE == "zerocap" else None
 LOCK = threading.Lock()
+EVIL_NAME = b"name\x1b[2J\nforged: name"
+EVIL_DESC = b"desc\x1b]0;title\x07 \xc2\x9b31m\\ \xff\xc3 caf\xc3\xa9"
+EVIL_LIST = b"list\x1b[31m\r\nforged: list"
 
 
 def pattern(off, n):
@@ -110,11 +116,17 @@ def handshake(s):
         elif opt in (6, 7):  # INFO, GO
             info = struct.pack(">HQH", 0, SIZE, TFLAGS)
             opt_reply(s, opt, 3, info + (b"x" if MODE == "badexport" else b""))
+            if MODE == "evilnames":
+                opt_reply(s, opt, 3, struct.pack(">H", 1) + EVIL_NAME)
+                opt_reply(s, opt, 3, struct.pack(">H", 2) + EVIL_DESC)
             block = struct.pack(">HIII", 3, MIN, max(MIN, 4096), MAX)
             opt_reply(s, opt, 3, block + (b"x" if MODE == "badblock" else b""))
             opt_reply(s, opt, 1)
             if opt == 7:
                 return
+        elif opt == 3 and MODE == "evilnames":  # LIST
+            opt_reply(s, opt, 2, struct.pack(">I", len(EVIL_LIST)) + EVIL_LIST)
+            opt_reply(s, opt, 1)
         elif opt == 2:  # ABORT
             opt_reply(s, opt, 1)
             raise EOFError
