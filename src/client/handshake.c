@@ -135,8 +135,8 @@ hs_simple_opt(struct hs *h, uint32_t opt)
     return 1;
   if (rep.type & NBD_REP_FLAG_ERROR)
     return 0;
-  return hs_fail(h, -EPROTO, "handshake: unexpected %s reply to %s",
-                 wire_rep_name(rep.type), wire_opt_name(opt));
+  return hs_fail(h, -EPROTO, "handshake: unexpected reply to %s: %s (0x%x)",
+                 wire_opt_name(opt), wire_rep_name(rep.type), rep.type);
 }
 
 static int
@@ -269,8 +269,8 @@ hs_go(struct hs *h)
       return -ENOTSUP;
     if (rep.type & NBD_REP_FLAG_ERROR)
       return hs_reply_error(h, NBD_OPT_GO, &rep);
-    return hs_fail(h, -EPROTO, "handshake: unexpected %s reply to GO",
-                   wire_rep_name(rep.type));
+    return hs_fail(h, -EPROTO, "handshake: unexpected reply to GO: %s (0x%x)",
+                   wire_rep_name(rep.type), rep.type);
   }
   return r < 0 ? r : hs_fail(h, -EPROTO, "handshake: endless GO reply");
 }
@@ -337,8 +337,9 @@ hs_starttls(struct hs *h)
     return -EACCES;
   }
   if (rep.type != NBD_REP_ACK)
-    return hs_fail(h, -EPROTO, "handshake: unexpected %s reply to STARTTLS",
-                   wire_rep_name(rep.type));
+    return hs_fail(h, -EPROTO,
+                   "handshake: unexpected reply to STARTTLS: %s (0x%x)",
+                   wire_rep_name(rep.type), rep.type);
   struct tls_client_config cfg = {
     .certs_dir = u->tls_certificates,
     .psk_file = u->tls_psk_file,
