@@ -137,6 +137,7 @@ struct client_conn {
   struct client_info info;
   char errmsg[256];      /* why the handshake or the connection failed */
   int fatal;             /* sticky errno once the connection is dead */
+  bool send_broken;      /* a send failed: reading what came, then dying */
 
   /* Transmission state, private. */
   struct client_req **slots; /* in-flight requests indexed by cookie */

@@ -83,6 +83,25 @@ client_die(struct client_conn *c, int err, const char *why)
   return -err;
 }
 
+static int client_recv_some(struct client_conn *c);
+
+/* A send failed because the server is gone (EPIPE, ECONNRESET). It may
+ * have answered first: an error reply that says why, or only the end of
+ * its stream. What it sent is read before the connection dies, so the
+ * reason reported is the server's, not the broken pipe its leaving
+ * caused; nothing more is sent meanwhile. Returns -errno. */
+static int
+client_send_failed(struct client_conn *c, int err, const char *why)
+{
+  if (!c->fatal && !c->send_broken && (err == EPIPE || err == ECONNRESET)) {
+    c->send_broken = true;
+    c->sendq = c->sendq_tail = NULL; /* still in their slots */
+    c->send_off = 0;
+    (void)client_recv_some(c);
+  }
+  return client_die(c, err, why);
+}
+
 static int
 client_grow_slots(struct client_conn *c)
 {
@@ -177,8 +196,8 @@ client_send_file(struct client_conn *c)
     if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
       break;
     if (w < 0)
-      return client_die(c, errno, "sending a write payload from the file "
-                                  "failed");
+      return client_send_failed(c, errno, "sending a write payload from "
+                                          "the file failed");
     if (w == 0)
       /* The header promised bytes the file no longer has: the stream
        * cannot continue. */
@@ -215,7 +234,7 @@ client_send_split(struct client_conn *c)
     if (w == -EAGAIN)
       return 0;
     if (w < 0)
-      return client_die(c, (int)-w, "connection lost while sending");
+      return client_send_failed(c, (int)-w, "connection lost while sending");
     c->send_off += (size_t)w;
   }
   c->sendq = r->next;
@@ -277,7 +296,7 @@ client_send_some(struct client_conn *c)
     if (w == -EAGAIN)
       return 0;
     if (w < 0)
-      return client_die(c, (int)-w, "connection lost while sending");
+      return client_send_failed(c, (int)-w, "connection lost while sending");
     size_t done = c->send_off + (size_t)w;
     while (c->sendq) {
       struct client_req *r = c->sendq;
@@ -300,7 +319,7 @@ client_send_some(struct client_conn *c)
   int r = c->tp.ops->flush(&c->tp);
   c->flush_pending = r == -EAGAIN;
   if (r < 0 && r != -EAGAIN)
-    return client_die(c, -r, "connection lost while sending");
+    return client_send_failed(c, -r, "connection lost while sending");
   return 0;
 }
 
@@ -309,6 +328,8 @@ client_submit(struct client_conn *c, struct client_req *r)
 {
   if (c->fatal)
     return -c->fatal;
+  if (c->send_broken)
+    return -EPIPE; /* a callback while the dying connection is read */
   if (c->rx_need == 0)
     client_rx_reset(c);
   int err = client_validate(c, r);

@@ -237,8 +237,10 @@ nbd_submit_flush(struct endpoint *e, struct ep_op *op)
     if (!s->live)
       continue; /* still connecting: it carried no writes */
     if (s->c.fatal) {
-      if (!p->flush_err)
-        p->flush_err = s->c.fatal;
+      if (!p->flush_err) {
+        p->flush_err = s->c.fatal; /* with the connection's reason */
+        snprintf(op->errmsg, sizeof op->errmsg, "%.120s", s->c.errmsg);
+      }
       continue;
     }
     p->flush_pending++;
@@ -246,8 +248,10 @@ nbd_submit_flush(struct endpoint *e, struct ep_op *op)
     nbd_update_interest(s);
     if (err < 0) {
       p->flush_pending--;
-      if (!p->flush_err)
+      if (!p->flush_err) {
         p->flush_err = -err;
+        snprintf(op->errmsg, sizeof op->errmsg, "%.120s", s->c.errmsg);
+      }
     }
   }
   struct client_req last = { .arg = &p->slots[0] };

@@ -98,6 +98,19 @@ grep -q "refused" "$TMP/zc.log" || fail "no long zeroing was tried: $(cat "$TMP/
     "$TMP/zc.log" || fail "zeroing over the maximum: $(cat "$TMP/zc.log")"
 note "ok: long zeroing refused, then done in pieces: $(tr '\n' ' ' <"$TMP/zc.log")"
 
+# A server that closes the connection once the data is written: the
+# flush cannot be sent (or its reply never comes), and the copy fails
+# saying why, not with a bare errno.
+head -c 1048576 "$TMP/want.img" >"$TMP/one.img"
+FAKE_CLOSE_AFTER=1 python3 "$FAKE" "$TMP/cl.sock" zerocap "$SIZE" \
+    >>"$TMP/fake.log" 2>&1 &
+SERVER_PIDS+=($!)
+wait_for test -S "$TMP/cl.sock"
+rc=0
+"$NBDFLOW" copy --connections 1 "$TMP/one.img" \
+    "nbd+unix:///?socket=$TMP/cl.sock" >"$TMP/out" 2>"$TMP/err" || rc=$?
+check_copy_failed "server gone before the flush" "$rc" "closed the connection"
+
 # A server's names and description reach info's output escaped: no
 # terminal control, no forged line; --json stays valid UTF-8 JSON with the
 # strings intact where they are text.

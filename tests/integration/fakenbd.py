@@ -26,7 +26,8 @@ Modes (what READ replies and the handshake do):
 
 The environment variables FAKE_MIN and FAKE_MAX set the minimum and
 maximum block sizes advertised (default 1 and 32 MiB); requests that
-break the minimum get EINVAL.
+break the minimum get EINVAL. FAKE_CLOSE_AFTER=N (zerocap mode) closes a
+connection right after answering its Nth WRITE.
 """
 import os
 import socket
@@ -38,6 +39,7 @@ PATH, MODE, SIZE = sys.argv[1], sys.argv[2], int(sys.argv[3])
 PIECE = 4096
 MIN = int(os.environ.get("FAKE_MIN", "1"))
 MAX = int(os.environ.get("FAKE_MAX", str(1 << 25)))
+CLOSE_AFTER = int(os.environ.get("FAKE_CLOSE_AFTER", "0"))
 
 OPT_MAGIC = 0x3e889045565a9
 REPLY_STRUCT = 0x668e33ef
@@ -135,6 +137,7 @@ def handshake(s):
 
 
 def serve(s):
+    writes = 0
     try:
         handshake(s)
         while True:
@@ -160,6 +163,9 @@ def serve(s):
                 with LOCK:
                     DISK[off:off + n] = payload
                 s.sendall(struct.pack(">IIQ", REPLY_SIMPLE, 0, cookie))
+                writes += 1
+                if writes == CLOSE_AFTER:
+                    return
             elif typ == 6 and DISK is not None:  # WRITE_ZEROES
                 ok = n <= MAX
                 if ok:
