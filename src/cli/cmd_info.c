@@ -13,6 +13,7 @@
 #include "cli/cmd.h"
 #include "client/client.h"
 #include "copy/endpoint.h"
+#include "copy/engine.h"
 #include "proto/nbd.h"
 #include "util/log.h"
 #include "util/size.h"
@@ -21,6 +22,7 @@
 struct info_args {
   const char *target;
   bool json, map, list;
+  unsigned timeout_s; /* per block status request; 0: wait forever */
 };
 
 /* One run of the allocation map, merged with equal neighbours. */
@@ -161,7 +163,7 @@ info_map_end(struct info_map *m)
 }
 
 static int
-info_map_nbd(struct client_conn *c, bool json)
+info_map_nbd(struct client_conn *c, bool json, unsigned timeout_s)
 {
   struct info_map m = { .json = json };
   struct client_extent ext[1024];
@@ -178,11 +180,13 @@ info_map_nbd(struct client_conn *c, bool json)
     struct client_req r = { .type = NBD_CMD_BLOCK_STATUS, .offset = off,
                             .length = len, .extents = ext,
                             .max_extents = 1024 };
-    int err = client_run(c, &r, 60000);
+    int err = client_run(c, &r, timeout_s ? (int)timeout_s * 1000 : -1);
     if (err < 0) {
+      /* The server's message, or why the connection died. */
+      const char *why = r.errmsg[0] ? r.errmsg : c->errmsg;
       log_error("block status at offset %llu: %s%s%s",
                 (unsigned long long)off, strerror(-err),
-                r.errmsg[0] ? ": " : "", r.errmsg);
+                why[0] ? ": " : "", why);
       return err;
     }
     if (r.nextents == 0) {
@@ -341,7 +345,7 @@ info_nbd(const struct info_args *a)
     return 1;
   }
   if (a->map)
-    r = info_map_nbd(&c, a->json);
+    r = info_map_nbd(&c, a->json, a->timeout_s);
   else
     info_print_nbd(&c, a->target, a->json);
   client_close(&c);
@@ -384,13 +388,18 @@ static void
 info_usage(FILE *f)
 {
   fprintf(f,
-          "Usage: nbdflow info [--json] [--map] [--list] TARGET\n\n"
+          "Usage: nbdflow info [--json] [--map] [--list] [--timeout SECONDS]\n"
+          "                    TARGET\n\n"
           "TARGET is an NBD URI (nbd://HOST[:PORT]/EXPORT,\n"
           "nbd+unix:///EXPORT?socket=PATH) or a local file or block device.\n\n"
           "  --json   machine-readable output\n"
           "  --map    print the allocation map (base:allocation or\n"
           "           SEEK_DATA/SEEK_HOLE) instead of the summary\n"
-          "  --list   also list the server's exports (NBD_OPT_LIST)\n");
+          "  --list   also list the server's exports (NBD_OPT_LIST)\n"
+          "  --timeout SECONDS  with --map: fail when a block status\n"
+          "           request gets no reply for this long (default %d,\n"
+          "           0: wait forever)\n",
+          COPY_DEFAULT_TIMEOUT);
 }
 
 int
@@ -399,9 +408,9 @@ cmd_info(int argc, char **argv)
   static const struct option longopts[] = {
     { "json", no_argument, NULL, 'j' }, { "map", no_argument, NULL, 'm' },
     { "list", no_argument, NULL, 'l' }, { "help", no_argument, NULL, 'h' },
-    { NULL, 0, NULL, 0 },
+    { "timeout", required_argument, NULL, 'T' }, { NULL, 0, NULL, 0 },
   };
-  struct info_args a = { 0 };
+  struct info_args a = { .timeout_s = COPY_DEFAULT_TIMEOUT };
   int ch;
   optind = 1;
   while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -414,6 +423,13 @@ cmd_info(int argc, char **argv)
       break;
     case 'l':
       a.list = true;
+      break;
+    case 'T':
+      if (copy_timeout_parse(optarg, &a.timeout_s) < 0) {
+        log_error("--timeout: whole seconds, 0 to %d, not '%s'",
+                  COPY_MAX_TIMEOUT, optarg);
+        return 2;
+      }
       break;
     case 'h':
       info_usage(stdout);

@@ -63,6 +63,8 @@ client_complete(struct client_conn *c, struct client_req *r, int err)
   if (r->type == NBD_CMD_READ || r->type == NBD_CMD_WRITE)
     c->inflight_bytes -= r->length;
   r->completed = true;
+  if (err)
+    r->err = err; /* what client_run returns: the connection's death too */
   if (r->done)
     r->done(r, err);
 }

@@ -98,6 +98,24 @@ grep -q "refused" "$TMP/zc.log" || fail "no long zeroing was tried: $(cat "$TMP/
     "$TMP/zc.log" || fail "zeroing over the maximum: $(cat "$TMP/zc.log")"
 note "ok: long zeroing refused, then done in pieces: $(tr '\n' ' ' <"$TMP/zc.log")"
 
+# info --map: a protocol error names what was wrong (the connection's
+# reason), and a block status that never comes ends at --timeout.
+URI="nbd+unix:///?socket=$TMP/twostatus.sock" # still serving
+rc=0
+"$NBDFLOW" info --map "$URI" >"$TMP/out" 2>"$TMP/err" || rc=$?
+[ "$rc" -ne 0 ] || fail "info --map with two status chunks: exited 0"
+grep -q "block status at offset 0: .*two block status chunks" "$TMP/err" ||
+    fail "info --map with two status chunks: $(cat "$TMP/err")"
+fake nostatus
+rc=0
+timeout 30 "$NBDFLOW" info --map --timeout 1 "$URI" >"$TMP/out" \
+    2>"$TMP/err" || rc=$?
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] ||
+    fail "info --map with no block status reply: exit $rc"
+grep -q "block status at offset 0: Connection timed out" "$TMP/err" ||
+    fail "info --map with no block status reply: $(cat "$TMP/err")"
+note "ok: info --map: $(cat "$TMP/err")"
+
 # A server that closes the connection once the data is written: the
 # flush cannot be sent (or its reply never comes), and the copy fails
 # saying why, not with a bare errno.

@@ -14,6 +14,7 @@ Modes (what READ replies and the handshake do):
   badblock    NBD_INFO_BLOCK_SIZE of 15 bytes instead of 14
   shortstatus BLOCK_STATUS describes at most 1001 bytes (all data)
   twostatus   BLOCK_STATUS answered by two chunks for the same context
+  nostatus    BLOCK_STATUS never answered (the connection stays open)
   evilerror   READ fails with EIO and a message holding a newline and a
               terminal escape
   evilnames   NBD_INFO_NAME, NBD_INFO_DESCRIPTION and a LIST name that
@@ -152,6 +153,8 @@ def serve(s):
                 s.sendall(struct.pack(">IIQ", REPLY_SIMPLE, 22, cookie))
             elif typ == 0:
                 answer_read(s, cookie, off, n)
+            elif typ == 7 and MODE == "nostatus":
+                continue  # never answered
             elif typ == 7:  # BLOCK_STATUS: all data
                 k = min(n, 1001) if MODE == "shortstatus" else n
                 if MODE == "twostatus":
