@@ -132,11 +132,8 @@ copy_parse(int argc, char **argv, struct copy_args *a)
       a->verify = true;
       break;
     case 'T':
-      if (copy_timeout_parse(optarg, &a->o.timeout_s) < 0) {
-        log_error("--timeout: whole seconds, 0 to %d, not '%s'",
-                  COPY_MAX_TIMEOUT, optarg);
+      if (copy_timeout_parse(optarg, &a->o.timeout_s) < 0)
         return 2;
-      }
       break;
     case 'p':
       if (optarg == NULL)

@@ -1242,11 +1242,15 @@ copy_timeout_parse(const char *s, unsigned *out)
 {
   char *end;
   if (s[0] < '0' || s[0] > '9')
-    return -1;
+    goto bad;
   errno = 0;
   unsigned long long v = strtoull(s, &end, 10);
   if (errno || *end || v > COPY_MAX_TIMEOUT)
-    return -1;
+    goto bad;
   *out = (unsigned)v;
   return 0;
+bad:
+  log_error("--timeout: whole seconds, 0 to %d, not '%s'", COPY_MAX_TIMEOUT,
+            s);
+  return -1;
 }

@@ -104,7 +104,8 @@ int copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
 void copy_chunks_free(struct copy_chunks *c);
 
 /* Parses a --timeout value: whole seconds, 0 to COPY_MAX_TIMEOUT.
- * Returns 0, or -1 (nothing written) when s is not one. */
+ * Returns 0, or -1 (nothing written, the error logged) when s is not
+ * one. */
 int copy_timeout_parse(const char *s, unsigned *out);
 
 #endif
