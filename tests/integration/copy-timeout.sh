@@ -87,4 +87,18 @@ check "slow but progressing server" \
 check "read back from the slow server" \
     timeout 60 "$NBDFLOW" copy "$(uri "$TMP/slow.sock")" "$TMP/back.img"
 same "$TMP/src.img" "$TMP/back.img"
+
+# (d) A --timeout that is not whole seconds in range is a usage error
+# (exit 2) with one line, for each command that takes it.
+for args in "copy --timeout x $TMP/src.img null:" \
+    "sum --timeout -1 $TMP/src.img" "info --map --timeout 1000001 $TMP/src.img"; do
+    rc=0
+    # shellcheck disable=SC2086 # word splitting wanted
+    "$NBDFLOW" $args >"$TMP/out" 2>"$TMP/err" || rc=$?
+    [ "$rc" -eq 2 ] || fail "$args: exit $rc, not 2"
+    [ "$(wc -l <"$TMP/err")" -eq 1 ] &&
+        grep -q "error: --timeout: whole seconds" "$TMP/err" ||
+        fail "$args: $(cat "$TMP/err")"
+done
+note "ok: bad --timeout values refused"
 echo "PASS"
