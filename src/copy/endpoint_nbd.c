@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include "net/loop.h"
 #include "net/sock.h"
@@ -132,6 +133,18 @@ nbd_pick(struct endpoint *e)
   return best;
 }
 
+/* A zeroing sent again (plain after FAST_ZERO, or its next piece) could
+ * not go out: the connection is dying. Its error is that, not the text
+ * of the refusal that made it go again. Returns the errno. */
+static int
+nbd_resend_failed(struct client_req *r, int neg_err)
+{
+  snprintf(r->errmsg, sizeof r->errmsg,
+           "the rest of the zeroing could not be sent: %s",
+           strerror(-neg_err));
+  return -neg_err;
+}
+
 /* Zeroing longer than the maximum payload: the spec lets a server answer
  * EOVERFLOW or EINVAL (it may need a scratch buffer of that size), so
  * such a refusal is not a failure: the same range goes on in pieces of
@@ -162,6 +175,10 @@ nbd_zero_next(struct nbd_priv *p, struct nbd_slot *s, struct client_req *r,
   } else {
     r->offset += r->length;
   }
+  struct timespec ts; /* answered: the watchdog must not see silence */
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  s->e->t_answer_us = (uint64_t)ts.tv_sec * 1000000 +
+                      (uint64_t)ts.tv_nsec / 1000;
   r->length = end - r->offset;
   if (p->zero_cap && r->length > p->zero_cap)
     r->length = p->zero_cap;
@@ -185,14 +202,14 @@ nbd_req_done(struct client_req *r, int err)
     nbd_update_interest(s);
     if (e2 == 0)
       return;
-    err = -e2;
+    err = nbd_resend_failed(r, e2);
   }
   if (op->type == EP_ZERO && !s->c.fatal) {
     int z = nbd_zero_next(p, s, r, err);
     if (z > 0)
       return;
     if (z < 0)
-      err = -z;
+      err = nbd_resend_failed(r, z);
   }
   op->err = err;
   nbd_copy_msg(op, r, &s->c);

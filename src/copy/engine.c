@@ -977,9 +977,14 @@ eng_watchdog(struct engine *e)
     return;
   e->t_last_watch_us = now;
   bool suspect = false;
-  for (int i = 0; i < 2; i++)
+  struct endpoint *eps[2] = { e->src, e->dst };
+  for (int i = 0; i < 2; i++) {
+    /* A piece of an op answered is a reply too (zeroing in pieces). */
+    if (e->watched[i] && eps[i]->t_answer_us > e->t_reply_us[i])
+      e->t_reply_us[i] = eps[i]->t_answer_us;
     if (e->watched[i] && now - e->t_reply_us[i] >= limit)
       suspect = true;
+  }
   if (!suspect)
     return; /* every endpoint replied recently: the common case */
   struct eng_oldest w[2] = { { 0 }, { 0 } };

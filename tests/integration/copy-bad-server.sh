@@ -98,6 +98,24 @@ grep -q "refused" "$TMP/zc.log" || fail "no long zeroing was tried: $(cat "$TMP/
     "$TMP/zc.log" || fail "zeroing over the maximum: $(cat "$TMP/zc.log")"
 note "ok: long zeroing refused, then done in pieces: $(tr '\n' ' ' <"$TMP/zc.log")"
 
+# Pieces answered are replies: a zeroing of 8 MiB in 128 pieces of 64 KiB,
+# each answered after 20 ms (2.5 s in all), must not trip --timeout 1.
+truncate -s 8M "$TMP/hole8.img"
+printf 'x' | dd of="$TMP/hole8.img" bs=1 seek=$((8 << 20)) conv=notrunc \
+    status=none
+FAKE_MAX=65536 FAKE_ZERO_DELAY_MS=20 python3 "$FAKE" "$TMP/zs.sock" \
+    zerocap $((8 << 20 | 1)) >"$TMP/zs.log" 2>&1 &
+SERVER_PIDS+=($!)
+wait_for test -S "$TMP/zs.sock"
+URI="nbd+unix:///?socket=$TMP/zs.sock"
+check "slow zeroing in pieces within --timeout 1" \
+    timeout 60 "$NBDFLOW" copy --timeout 1 "$TMP/hole8.img" "$URI"
+rm -f "$TMP/out.img"
+check "read back" "$NBDFLOW" copy "$URI" "$TMP/out.img"
+same "$TMP/hole8.img" "$TMP/out.img"
+[ "$(grep -c "ok$" "$TMP/zs.log")" -ge 128 ] ||
+    fail "expected 128 pieces or more: $(tr '\n' ' ' <"$TMP/zs.log")"
+
 # info --map: a protocol error names what was wrong (the connection's
 # reason), and a block status that never comes ends at --timeout.
 URI="nbd+unix:///?socket=$TMP/twostatus.sock" # still serving

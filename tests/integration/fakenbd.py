@@ -28,19 +28,22 @@ Modes (what READ replies and the handshake do):
 The environment variables FAKE_MIN and FAKE_MAX set the minimum and
 maximum block sizes advertised (default 1 and 32 MiB); requests that
 break the minimum get EINVAL. FAKE_CLOSE_AFTER=N (zerocap mode) closes a
-connection right after answering its Nth WRITE.
+connection right after answering its Nth WRITE, FAKE_ZERO_DELAY_MS=N
+waits N ms before answering each WRITE_ZEROES.
 """
 import os
 import socket
 import struct
 import sys
 import threading
+import time
 
 PATH, MODE, SIZE = sys.argv[1], sys.argv[2], int(sys.argv[3])
 PIECE = 4096
 MIN = int(os.environ.get("FAKE_MIN", "1"))
 MAX = int(os.environ.get("FAKE_MAX", str(1 << 25)))
 CLOSE_AFTER = int(os.environ.get("FAKE_CLOSE_AFTER", "0"))
+ZERO_DELAY = float(os.environ.get("FAKE_ZERO_DELAY_MS", "0")) / 1000
 
 OPT_MAGIC = 0x3e889045565a9
 REPLY_STRUCT = 0x668e33ef
@@ -171,6 +174,7 @@ def serve(s):
                     return
             elif typ == 6 and DISK is not None:  # WRITE_ZEROES
                 ok = n <= MAX
+                time.sleep(ZERO_DELAY)
                 if ok:
                     with LOCK:
                         DISK[off:off + n] = bytes(n)
