@@ -404,6 +404,9 @@ static int
 client_rx_chunk_end(struct client_conn *c)
 {
   struct client_req *r = c->rx_req;
+  /* Ready for the next header before the callback runs: it may submit,
+   * and a failed send reads the socket (client_send_failed). */
+  client_rx_reset(c);
   if (c->rx_flags & NBD_REPLY_FLAG_DONE) {
     if (r->err == 0 && r->type == NBD_CMD_READ && r->covered != r->length) {
       r->err = EIO;
@@ -412,7 +415,6 @@ client_rx_chunk_end(struct client_conn *c)
     }
     client_complete(c, r, r->err);
   }
-  client_rx_reset(c);
   return 0;
 }
 
