@@ -86,6 +86,45 @@ uri_fail(char *err, size_t errlen, const char *fmt, ...)
   return -EINVAL;
 }
 
+/* The inside of an IP literal's brackets: an IPv6 address (hex digits,
+ * ':' and '.', no escapes), optionally followed by "%25" and a zone
+ * (RFC 6874, "[fe80::1%25eth0]"), which may itself be percent-encoded.
+ * Returns "address" or "address%zone" as getaddrinfo takes it, or NULL
+ * when s is not that (a raw '%', an escape in the address, a control
+ * byte in the zone). */
+static char *
+uri_ipv6_host(const char *s, size_t len)
+{
+  size_t alen = 0;
+  while (alen < len && s[alen] != '%') {
+    char ch = s[alen];
+    if (!(uri_hexval(ch) >= 0 || ch == ':' || ch == '.'))
+      return NULL;
+    alen++;
+  }
+  if (alen == 0)
+    return NULL;
+  if (alen == len)
+    return strndup(s, len);
+  if (len - alen < 4 || strncmp(s + alen, "%25", 3) != 0)
+    return NULL;
+  size_t zlen;
+  char *zone = uri_decode(s + alen + 3, len - alen - 3, false, &zlen);
+  if (zone == NULL)
+    return NULL;
+  for (size_t i = 0; i < zlen; i++)
+    if ((unsigned char)zone[i] < 0x20 || zone[i] == 0x7f ||
+        zone[i] == '%') {
+      free(zone);
+      return NULL;
+    }
+  char *host = malloc(alen + 1 + zlen + 1);
+  if (host != NULL)
+    snprintf(host, alen + 1 + zlen + 1, "%.*s%%%s", (int)alen, s, zone);
+  free(zone);
+  return host;
+}
+
 /* Splits the authority [userinfo@]host[:port] of length len. */
 static int
 uri_parse_authority(const char *a, size_t len, struct nbd_uri *u, char *err,
@@ -107,9 +146,10 @@ uri_parse_authority(const char *a, size_t len, struct nbd_uri *u, char *err,
     if (hend == NULL)
       return uri_fail(err, errlen, "unterminated IPv6 literal '%.*s'",
                       (int)len, a);
-    /* RFC 6874: a zone is written "%25zone" inside the brackets
-     * ("[fe80::1%25eth0]"); decoded, getaddrinfo takes "fe80::1%eth0". */
-    u->host = uri_decode(a + 1, (size_t)(hend - a - 1), false, NULL);
+    u->host = uri_ipv6_host(a + 1, (size_t)(hend - a - 1));
+    if (u->host == NULL)
+      return uri_fail(err, errlen, "bad IPv6 literal '%.*s' (a zone is "
+                      "written %%25zone)", (int)(hend - a + 1), a);
     rest = hend + 1;
   } else {
     hend = memchr(a, ':', len);

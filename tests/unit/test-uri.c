@@ -136,7 +136,17 @@ main(void)
   expect_fail("nbd://host:65536/", "port too large");
   expect_fail("nbd://host:12a/", "port not a number");
   expect_fail("nbd://[::1/", "unterminated IPv6 literal");
-  expect_fail("nbd://[fe80::1%eth0]/", "bad host");
+  expect_fail("nbd://[fe80::1%eth0]/", "bad IPv6 literal");
+  /* Only the zone is decoded: an escape in the address, a raw '%', an
+   * empty zone or a control byte in it are refused, not reinterpreted. */
+  expect_fail("nbd://[2001:db8::1%32]/", "bad IPv6 literal");
+  expect_fail("nbd://[%3a%3a1]/", "bad IPv6 literal");
+  expect_fail("nbd://[fe80::1%3a%3a1]/", "bad IPv6 literal");
+  expect_fail("nbd://[fe80::1%25]/", "bad IPv6 literal");
+  expect_fail("nbd://[fe80::1%25a%0ab]/", "bad IPv6 literal");
+  expect_fail("nbd://[]/", "bad IPv6 literal");
+  expect_ok("nbd://[fe80::1%25eth%2D0]/", false, false, "fe80::1%eth-0",
+            "10809", NULL, "");
   expect_fail("nbd://host/a%2", "truncated escape");
   expect_fail("nbd://host/a%zz", "bad escape");
   expect_fail("nbd://host/a%00b", "NUL in export name");
