@@ -52,7 +52,8 @@ same "$TMP/src.img" "$TMP/back.img"
 # copy, not arrive as zeroes. 3072 extents of data fill the first 96 MiB
 # (more than the copy looks ahead), a hole the rest; the file shrinks to
 # 200 MiB long before the copy reaches 96 MiB (at least 1,000 writes of
-# 10 ms, 4 at a time), so its look at the hole finds the file shorter.
+# 20 ms, 4 at a time: 5 s), so its look at the hole finds the file
+# shorter.
 python3 - "$TMP/shrink.img" <<'PY'
 import os, sys
 with open(sys.argv[1], "wb") as f:
@@ -61,7 +62,7 @@ with open(sys.argv[1], "wb") as f:
         f.seek(i * 32768)
         f.write(os.urandom(4096))
 PY
-kit "$TMP/shrink.sock" --filter=delay memory 256M wdelay=10ms
+kit "$TMP/shrink.sock" --filter=delay memory 256M wdelay=20ms
 "$NBDFLOW" copy --max-requests 4 --destination-is-zero --json \
     "$TMP/shrink.img" "$(uri "$TMP/shrink.sock")" >"$TMP/out" 2>"$TMP/err" &
 copy_pid=$!
