@@ -89,9 +89,10 @@ info_json_str(const char *s)
 }
 
 /* A server's string on a terminal: control characters (C0, DEL, C1),
- * backslashes and bytes that are not UTF-8 are shown as \xNN, so a name
- * or description cannot move the cursor, clear the screen or forge a
- * line. UTF-8 text passes as it is. */
+ * backslashes, double quotes (names are shown quoted) and bytes that are
+ * not UTF-8 are shown as \xNN, so a name or description cannot move the
+ * cursor, clear the screen, forge a line or seem to end early. UTF-8
+ * text passes as it is. */
 static void
 info_text_str(const char *s)
 {
@@ -99,7 +100,7 @@ info_text_str(const char *s)
     size_t n = *p < 0x80 ? 1 : info_utf8_len(p);
     if (n == 2 && p[0] == 0xc2 && p[1] <= 0x9f)
       n = 0; /* a C1 control: both bytes escaped */
-    if (n == 0 || *p < 0x20 || *p == 0x7f || *p == '\\') {
+    if (n == 0 || *p < 0x20 || *p == 0x7f || *p == '\\' || *p == '"') {
       printf("\\x%02x", *p);
       p++;
     } else {

@@ -161,7 +161,7 @@ bad = [b for b in out if (b < 0x20 and b not in (9, 10)) or b == 0x7f]
 assert not bad, "control bytes %r" % bad
 assert b"\xc2\x9b" not in out and b"\xff" not in out, "C1 or non-UTF-8"
 assert not any(l.startswith(b"forged") for l in out.split(b"\n")), "forged"
-assert b"\\x1b[2J\\x0aforged: name" in out, "name not shown escaped"
+assert b"\\x1b[2J\\x0aforged: \\x22name" in out, "name not shown escaped"
 assert b"caf\xc3\xa9" in out, "UTF-8 text was mangled"
 PY
 "$NBDFLOW" info --json --list "$URI" >"$TMP/info.json"
@@ -169,7 +169,7 @@ python3 - "$TMP/info.json" <<'PY' || fail "info --json: $(cat -v "$TMP/info.json
 import json, sys
 d = json.loads(open(sys.argv[1], "rb").read().decode("utf-8"))
 e = d["exports"][0]
-assert e["export-name"] == "name\x1b[2J\nforged: name", e["export-name"]
+assert e["export-name"] == "name\x1b[2J\nforged: \"name", e["export-name"]
 assert e["description"] == "desc\x1b]0;title\x07 \x9b31m\\ \ufffd\ufffd caf\u00e9", e["description"]
 assert d["export-names"] == ["list\x1b[31m\r\nforged: list"], d["export-names"]
 PY

@@ -53,7 +53,7 @@ if MODE == "zerocap":
     TFLAGS = 1 | 4 | 8 | 64  # writable, SEND_WRITE_ZEROES
 DISK = bytearray(b"\xaa") * SIZE if MODE == "zerocap" else None
 LOCK = threading.Lock()
-EVIL_NAME = b"name\x1b[2J\nforged: name"
+EVIL_NAME = b"name\x1b[2J\nforged: \"name"
 EVIL_DESC = b"desc\x1b]0;title\x07 \xc2\x9b31m\\ \xff\xc3 caf\xc3\xa9"
 EVIL_LIST = b"list\x1b[31m\r\nforged: list"
 
