@@ -147,7 +147,7 @@ struct endpoint {
   int file_fd;        /* readable regular file or block device whose
                          ranges may feed from_file writes, else -1;
                          owned by the endpoint */
-  uint64_t t_answer_us; /* CLOCK_MONOTONIC microseconds of the last answer
+  uint64_t t_answer_us; /* loop_now_us() of the last answer
                            to part of an op still in flight (an op sent
                            in pieces); 0: none. The no-reply watchdog
                            counts it as a reply. Loop thread. */

@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 
 #include "net/loop.h"
 #include "net/sock.h"
@@ -84,6 +83,13 @@ nbd_on_fd(struct loop *l, int fd, uint32_t events, void *arg)
     env->kick(env->kick_arg);
 }
 
+/* The op's message: why the connection failed. */
+static void
+nbd_conn_msg(struct ep_op *op, const struct client_conn *c)
+{
+  snprintf(op->errmsg, sizeof op->errmsg, "%.120s", c->errmsg);
+}
+
 static void
 nbd_copy_msg(struct ep_op *op, const struct client_req *r,
              const struct client_conn *c)
@@ -91,7 +97,7 @@ nbd_copy_msg(struct ep_op *op, const struct client_req *r,
   if (r->errmsg[0])
     snprintf(op->errmsg, sizeof op->errmsg, "%s", r->errmsg);
   else if (c->fatal && c->errmsg[0])
-    snprintf(op->errmsg, sizeof op->errmsg, "%.120s", c->errmsg);
+    nbd_conn_msg(op, c);
 }
 
 static void
@@ -175,10 +181,7 @@ nbd_zero_next(struct nbd_priv *p, struct nbd_slot *s, struct client_req *r,
   } else {
     r->offset += r->length;
   }
-  struct timespec ts; /* answered: the watchdog must not see silence */
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  s->e->t_answer_us = (uint64_t)ts.tv_sec * 1000000 +
-                      (uint64_t)ts.tv_nsec / 1000;
+  s->e->t_answer_us = loop_now_us(); /* the watchdog sees an answer */
   r->length = end - r->offset;
   if (p->zero_cap && r->length > p->zero_cap)
     r->length = p->zero_cap;
@@ -256,7 +259,7 @@ nbd_submit_flush(struct endpoint *e, struct ep_op *op)
     if (s->c.fatal) {
       if (!p->flush_err) {
         p->flush_err = s->c.fatal; /* with the connection's reason */
-        snprintf(op->errmsg, sizeof op->errmsg, "%.120s", s->c.errmsg);
+        nbd_conn_msg(op, &s->c);
       }
       continue;
     }
@@ -267,7 +270,7 @@ nbd_submit_flush(struct endpoint *e, struct ep_op *op)
       p->flush_pending--;
       if (!p->flush_err) {
         p->flush_err = -err;
-        snprintf(op->errmsg, sizeof op->errmsg, "%.120s", s->c.errmsg);
+        nbd_conn_msg(op, &s->c);
       }
     }
   }
@@ -286,7 +289,7 @@ static int
 nbd_fail_dead(struct endpoint *e, struct ep_op *op, const struct client_conn *c)
 {
   op->err = c->fatal ? c->fatal : EIO;
-  snprintf(op->errmsg, sizeof op->errmsg, "%.120s", c->errmsg);
+  nbd_conn_msg(op, c);
   ep_env_complete(e->env, op);
   return 0;
 }

@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -115,14 +114,6 @@ struct engine {
   uint64_t t_last_watch_us;
   bool abandoned;         /* stopped waiting for a silent endpoint */
 };
-
-static uint64_t
-eng_now_us(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
-}
 
 static uint64_t
 eng_min(uint64_t a, uint64_t b)
@@ -320,7 +311,7 @@ eng_write(struct engine *e, struct cop *c)
     w->type = EP_ZERO;
   }
   c->state = COP_WRITING;
-  c->t_sub_us = eng_now_us();
+  c->t_sub_us = loop_now_us();
   e->dst_busy++;
   int r = endpoint_submit(e->dst, w);
   if (r < 0) {
@@ -450,7 +441,7 @@ eng_handle(struct engine *e, struct ep_op *op)
 {
   int side = op->ep == e->src ? 0 : 1;
   if (e->watched[side])
-    e->t_reply_us[side] = eng_now_us();
+    e->t_reply_us[side] = loop_now_us();
   if (op == &e->ext_op) {
     eng_extents_done(e);
     return;
@@ -479,7 +470,7 @@ eng_request_extents(struct engine *e, uint64_t from)
                         .extents = e->ext_batch, .max_extents = ENG_EXT_BATCH,
                         .done = eng_ctl_done, .arg = e };
   e->ext_pending = true;
-  e->t_ext_us = eng_now_us();
+  e->t_ext_us = loop_now_us();
   int r = endpoint_submit(e->src, op);
   if (r < 0) {
     e->ext_pending = false;
@@ -589,7 +580,7 @@ eng_cop_take(struct engine *e, uint64_t len, bool zero)
   c->offset = e->pos;
   c->length = len;
   c->zero = zero;
-  c->t0_us = eng_now_us();
+  c->t0_us = loop_now_us();
   e->active++;
   if (e->ordered) {
     c->in_order = true;
@@ -666,7 +657,7 @@ eng_issue_one(struct engine *e)
     return true;
   }
   c->state = COP_READING;
-  c->t_sub_us = eng_now_us();
+  c->t_sub_us = loop_now_us();
   c->rop = (struct ep_op){ .type = EP_READ, .offset = c->offset,
                            .length = len, .buf = buf, .done = eng_op_done,
                            .arg = c };
@@ -685,7 +676,7 @@ eng_issue_one(struct engine *e)
 static void
 eng_progress(struct engine *e, bool final)
 {
-  uint64_t now = eng_now_us();
+  uint64_t now = loop_now_us();
   const struct copy_stats *st = e->st;
   double secs = (double)(now - e->t_start_us) / 1e6;
   double mibs = secs > 0 ? (double)st->done / 1048576.0 / secs : 0;
@@ -730,7 +721,7 @@ eng_sample_tcp(struct engine *e)
   struct endpoint *nbd = e->dst && e->dst->ops->tcp_json ? e->dst : e->src;
   uint64_t samples = 0;
   double pct = -1;
-  uint64_t now = eng_now_us();
+  uint64_t now = loop_now_us();
   if (now - e->t_last_tcp_us < ENG_TCP_SAMPLE_US)
     return; /* the tick also runs after every wake-up */
   e->t_last_tcp_us = now;
@@ -802,7 +793,7 @@ eng_fit_connections(struct engine *e, double bw, const uint32_t rtts[2])
 static void
 eng_adapt(struct engine *e)
 {
-  uint64_t now = eng_now_us();
+  uint64_t now = loop_now_us();
   if (now - e->t_last_adapt_us < e->adapt_period_us)
     return;
   double dt = (double)(now - e->t_last_adapt_us) / 1e6;
@@ -888,7 +879,7 @@ eng_check_finish(struct engine *e)
     e->flush_op = (struct ep_op){ .type = EP_FLUSH, .done = eng_ctl_done,
                                   .arg = e };
     e->flushing = true;
-    e->t_flush_us = eng_now_us();
+    e->t_flush_us = loop_now_us();
     int r = endpoint_submit(e->dst, &e->flush_op);
     if (r < 0) {
       e->flushing = false;
@@ -970,7 +961,7 @@ eng_op_name(enum ep_op_type t)
 static void
 eng_watchdog(struct engine *e)
 {
-  uint64_t now = eng_now_us();
+  uint64_t now = loop_now_us();
   uint64_t limit = (uint64_t)e->o->timeout_s * 1000000;
   if (limit == 0 || e->abandoned || e->finished ||
       now - e->t_last_watch_us < ENG_WATCH_US)
@@ -1190,7 +1181,7 @@ copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
   st->data_path = e->send_file ? "sendfile" : "buffer";
   st->src_connections = src->connections;
   st->dst_connections = dst ? dst->connections : 0;
-  e->t_start_us = e->t_last_print_us = e->t_last_adapt_us = eng_now_us();
+  e->t_start_us = e->t_last_print_us = e->t_last_adapt_us = loop_now_us();
   for (int i = 0; i < 2; i++) {
     const struct endpoint *ep = i == 0 ? src : dst;
     e->watched[i] = ep && strcmp(ep->ops->kind, "nbd") == 0;
@@ -1207,7 +1198,7 @@ copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
   loop_set_tick(env->loop, 0, NULL, NULL);
   env->kick = NULL;
 
-  st->seconds = (double)(eng_now_us() - e->t_start_us) / 1e6;
+  st->seconds = (double)(loop_now_us() - e->t_start_us) / 1e6;
   st->window = e->window;
   st->src_connections = src->connections; /* later ones joined meanwhile */
   st->dst_connections = dst ? dst->connections : 0;

@@ -29,11 +29,17 @@ struct loop {
 };
 
 uint64_t
-loop_now_ms(void)
+loop_now_us(void)
 {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+  return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+uint64_t
+loop_now_ms(void)
+{
+  return loop_now_us() / 1000;
 }
 
 struct loop *

@@ -38,7 +38,8 @@ void loop_stop(struct loop *l);
 /* Wakes the loop from another thread so that the tick function runs. */
 void loop_wake(struct loop *l);
 
-/* Monotonic milliseconds. */
+/* Monotonic (CLOCK_MONOTONIC) milliseconds and microseconds. */
 uint64_t loop_now_ms(void);
+uint64_t loop_now_us(void);
 
 #endif
