@@ -31,6 +31,8 @@ serve_usage(FILE *f)
 "      --handshake-timeout S  drop clients that have not finished the\n"
 "                             handshake within S seconds (default 10, 0: off)\n"
 "      --threads N            worker threads for export I/O (default 8)\n"
+"      --loops N              event-loop threads that read and answer\n"
+"                             clients (default: one per CPU, at most %d)\n"
 "  -P, --pidfile FILE         write the pid to FILE once listening\n"
 "      --stats                sample TCP_INFO every 200 ms and log a summary\n"
 "                             per connection when it closes (stall %%, bytes\n"
@@ -48,7 +50,7 @@ serve_usage(FILE *f)
 "Sockets passed by a service manager (LISTEN_FDS) replace --listen.\n"
 "SIGTERM/SIGINT: stop accepting, answer requests in flight (at most 5 s),\n"
 "then exit; a second signal exits at once.\n",
-          SERVER_DEFAULT_INFLIGHT, SERVER_CONN_BUDGET >> 20);
+          SERVER_DEFAULT_INFLIGHT, SERVER_CONN_BUDGET >> 20, SERVER_MAX_LOOPS);
 }
 
 static int
@@ -110,7 +112,7 @@ int
 cmd_serve(int argc, char **argv)
 {
   enum { OPT_MAXCONN = 256, OPT_INFLIGHT, OPT_HSTIMEOUT, OPT_THREADS,
-         OPT_STATS, OPT_TLS, OPT_TLS_CERTS, OPT_TLS_PSK, OPT_TLS_VERIFY };
+         OPT_LOOPS, OPT_STATS, OPT_TLS, OPT_TLS_CERTS, OPT_TLS_PSK, OPT_TLS_VERIFY };
   static const struct option opts[] = {
     { "listen", required_argument, NULL, 'l' },
     { "unix", required_argument, NULL, 'u' },
@@ -119,6 +121,7 @@ cmd_serve(int argc, char **argv)
     { "max-inflight", required_argument, NULL, OPT_INFLIGHT },
     { "handshake-timeout", required_argument, NULL, OPT_HSTIMEOUT },
     { "threads", required_argument, NULL, OPT_THREADS },
+    { "loops", required_argument, NULL, OPT_LOOPS },
     { "pidfile", required_argument, NULL, 'P' },
     { "stats", no_argument, NULL, OPT_STATS },
     { "tls", required_argument, NULL, OPT_TLS },
@@ -162,6 +165,9 @@ cmd_serve(int argc, char **argv)
       break;
     case OPT_THREADS:
       r = serve_int("--threads", optarg, 1, 256, &cfg.threads);
+      break;
+    case OPT_LOOPS:
+      r = serve_int("--loops", optarg, 1, SERVER_MAX_LOOPS, &cfg.loops);
       break;
     case 'P':
       cfg.pidfile = optarg;

@@ -19,7 +19,7 @@ struct loop_slot {
 struct loop {
   int epfd;
   int wakefd;
-  bool stop;
+  bool stop; /* atomic: loop_stop may come from another thread */
   struct loop_slot *slots; /* indexed by fd */
   int nslots;
   int tick_ms;
@@ -136,7 +136,7 @@ loop_set_tick(struct loop *l, int interval_ms, loop_tick_fn fn, void *arg)
 void
 loop_stop(struct loop *l)
 {
-  l->stop = true;
+  __atomic_store_n(&l->stop, true, __ATOMIC_RELEASE);
   loop_wake(l);
 }
 
@@ -175,7 +175,7 @@ loop_run(struct loop *l)
 {
   struct epoll_event evs[LOOP_BATCH];
 
-  while (!l->stop) {
+  while (!__atomic_load_n(&l->stop, __ATOMIC_ACQUIRE)) {
     int n = epoll_wait(l->epfd, evs, LOOP_BATCH, loop_timeout(l));
     if (n < 0) {
       if (errno == EINTR)

@@ -34,7 +34,7 @@ void loop_set_tick(struct loop *l, int interval_ms, loop_tick_fn fn,
 
 /* Runs until loop_stop. Returns 0, or -errno if epoll fails. */
 int loop_run(struct loop *l);
-void loop_stop(struct loop *l);
+void loop_stop(struct loop *l); /* any thread */
 /* Wakes the loop from another thread so that the tick function runs. */
 void loop_wake(struct loop *l);
 

@@ -457,7 +457,7 @@ handshake_option(struct conn *c)
            wire_opt_name(c->opt.option));
     return -1; /* unfixed newstyle has no way to answer */
   }
-  if (c->srv->stop_deadline_ms && c->opt.option != NBD_OPT_ABORT) {
+  if (server_stopping(c->srv) && c->opt.option != NBD_OPT_ABORT) {
     /* §Option haggling: while shutting down, refuse further options. */
     if (c->opt.option == NBD_OPT_EXPORT_NAME)
       return -1; /* cannot be answered with an error */

@@ -128,10 +128,13 @@ conn_close(struct conn *c, const char *why)
   if (c->prev)
     c->prev->next = c->next;
   else
-    s->conns = c->next;
+    c->sl->conns = c->next;
   if (c->next)
     c->next->prev = c->prev;
+  pthread_mutex_lock(&s->lock);
   s->nconns--;
+  c->sl->nowned--;
+  pthread_mutex_unlock(&s->lock);
   conn_put(c);
 }
 
@@ -140,19 +143,25 @@ conn_resume(struct conn *c)
 {
   struct server *s = c->srv;
   bool wake = false;
-  pthread_mutex_lock(&s->resume_lock);
+  pthread_mutex_lock(&s->lock);
   if (!c->in_resume) {
     c->in_resume = true;
     pthread_mutex_lock(&c->lock);
     c->refs++;
     pthread_mutex_unlock(&c->lock);
-    c->resume_next = s->resume;
-    s->resume = c;
+    c->resume_next = c->sl->resume;
+    c->sl->resume = c;
     wake = true;
   }
-  pthread_mutex_unlock(&s->resume_lock);
+  pthread_mutex_unlock(&s->lock);
   if (wake)
-    loop_wake(s->loop);
+    loop_wake(c->loop);
+}
+
+uint64_t
+server_stopping(struct server *s)
+{
+  return __atomic_load_n(&s->stop_deadline_ms, __ATOMIC_ACQUIRE);
 }
 
 /* ---- reading ---- */
@@ -455,12 +464,99 @@ conn_setup_socket(struct server *s, struct conn *c)
    * reply at a fraction of its speed. */
   int eff = 0;
   if (sock_set_sndbuf(c->fd, SERVER_UNIX_SNDBUF, &eff) == 0 &&
-      eff * 2 < SERVER_UNIX_SNDBUF && !s->warned_sndbuf) {
-    s->warned_sndbuf = true;
+      eff * 2 < SERVER_UNIX_SNDBUF &&
+      !__atomic_exchange_n(&s->warned_sndbuf, true, __ATOMIC_RELAXED)) {
     log_warn("unix socket send buffer clipped to %d bytes (asked %d); "
              "raise net.core.wmem_max", eff * 2, SERVER_UNIX_SNDBUF);
   }
   log_debug("unix socket send buffer %d bytes", eff * 2);
+}
+
+/* Takes up an accepted socket on the loop sl, from sl's thread. Its
+ * place in nconns and sl->nowned was taken by the accepting loop. */
+static void
+conn_create(struct sloop *sl, int fd)
+{
+  struct server *s = sl->srv;
+  struct conn *c = calloc(1, sizeof *c);
+  if (c == NULL) {
+    close(fd);
+    pthread_mutex_lock(&s->lock);
+    s->nconns--;
+    sl->nowned--;
+    pthread_mutex_unlock(&s->lock);
+    return;
+  }
+  c->srv = s;
+  c->sl = sl;
+  c->loop = sl->loop;
+  c->fd = fd;
+  c->refs = 1;
+  tcpinfo_init(&c->tcp);
+  sock_peer_name(fd, c->peer, sizeof c->peer);
+  pthread_mutex_init(&c->lock, NULL);
+  transport_init_plain(&c->t, fd);
+  conn_setup_socket(s, c);
+  c->next = sl->conns;
+  if (sl->conns)
+    sl->conns->prev = c;
+  sl->conns = c;
+  if (loop_add(c->loop, fd, EPOLLIN, conn_on_event, c) < 0) {
+    conn_close(c, "cannot watch the socket");
+    return;
+  }
+  if (s->cfg.handshake_timeout > 0)
+    c->deadline_ms =
+      loop_now_ms() + (uint64_t)s->cfg.handshake_timeout * 1000;
+  log_debug("%s: connected (event loop %d)", c->peer, (int)(sl - s->loops));
+  handshake_start(c);
+}
+
+/* Counts an accepted socket in and picks the loop with the fewest
+ * connections for it. Returns NULL, the socket closed, when
+ * --max-connections is reached or the handoff cannot grow. */
+static struct sloop *
+server_assign(struct server *s, int fd)
+{
+  struct sloop *sl = NULL;
+  int was = 0;
+  pthread_mutex_lock(&s->lock);
+  if (s->cfg.max_connections && s->nconns >= s->cfg.max_connections) {
+    was = s->nconns;
+  } else {
+    sl = &s->loops[0];
+    for (int i = 1; i < s->nloops; i++)
+      if (s->loops[i].nowned < sl->nowned)
+        sl = &s->loops[i];
+    if (sl != &s->loops[0] && sl->nhandoff == sl->handoff_cap) {
+      int cap = sl->handoff_cap ? 2 * sl->handoff_cap : 16;
+      int *h = realloc(sl->handoff, (size_t)cap * sizeof *h);
+      if (h == NULL) {
+        sl = NULL;
+      } else {
+        sl->handoff = h;
+        sl->handoff_cap = cap;
+      }
+    }
+    if (sl) {
+      if (sl != &s->loops[0])
+        sl->handoff[sl->nhandoff++] = fd;
+      sl->nowned++;
+      s->nconns++;
+    }
+  }
+  pthread_mutex_unlock(&s->lock);
+  if (sl == NULL) {
+    char peer[80];
+    sock_peer_name(fd, peer, sizeof peer);
+    if (was)
+      log_warn("%s: refused: %d connections already (--max-connections)",
+               peer, was);
+    else
+      log_warn("%s: refused: out of memory", peer);
+    close(fd);
+  }
+  return sl;
 }
 
 static void
@@ -475,7 +571,7 @@ server_accept(struct loop *l, int lfd, uint32_t events, void *arg)
       if (err == EMFILE || err == ENFILE || err == ENOBUFS ||
           err == ENOMEM) {
         /* The listener stays readable: without a pause the loop would
-         * spin here. server_tick turns it back on. Another listener of
+         * spin here. The tick turns it back on. Another listener of
          * the same batch finds them paused already. */
         if (!s->accept_starved)
           log_warn("accept: %s; pausing new connections until fds are "
@@ -495,43 +591,11 @@ server_accept(struct loop *l, int lfd, uint32_t events, void *arg)
       s->accept_starved = false;
       log_info("accepting connections again");
     }
-    char peer[80];
-    sock_peer_name(fd, peer, sizeof peer);
-    if (s->cfg.max_connections && s->nconns >= s->cfg.max_connections) {
-      log_warn("%s: refused: %d connections already (--max-connections)",
-               peer, s->nconns);
-      close(fd);
-      continue;
-    }
-    struct conn *c = calloc(1, sizeof *c);
-    if (c == NULL) {
-      close(fd);
-      continue;
-    }
-    c->srv = s;
-    c->loop = l;
-    c->fd = fd;
-    c->refs = 1;
-    tcpinfo_init(&c->tcp);
-    snprintf(c->peer, sizeof c->peer, "%s", peer);
-    pthread_mutex_init(&c->lock, NULL);
-    transport_init_plain(&c->t, fd);
-    conn_setup_socket(s, c);
-    if (loop_add(l, fd, EPOLLIN, conn_on_event, c) < 0) {
-      c->dead = true;
-      conn_put(c);
-      continue;
-    }
-    c->next = s->conns;
-    if (s->conns)
-      s->conns->prev = c;
-    s->conns = c;
-    s->nconns++;
-    if (s->cfg.handshake_timeout > 0)
-      c->deadline_ms =
-        loop_now_ms() + (uint64_t)s->cfg.handshake_timeout * 1000;
-    log_debug("%s: connected", c->peer);
-    handshake_start(c);
+    struct sloop *sl = server_assign(s, fd);
+    if (sl == &s->loops[0])
+      conn_create(sl, fd);
+    else if (sl)
+      loop_wake(sl->loop);
   }
 }
 
@@ -540,13 +604,13 @@ server_accept(struct loop *l, int lfd, uint32_t events, void *arg)
 /* Shutting down (§Terminating the transmission phase): a connection in
  * transmission is closed once it is between requests with every reply
  * out; new requests meanwhile get ESHUTDOWN and new options
- * ERR_SHUTDOWN. The loop stops when no connection is left, or at the
- * deadline, and server_cleanup closes the rest. */
+ * ERR_SHUTDOWN. Each loop drains its own connections and stops when
+ * none is left, or at the deadline; server_cleanup closes the rest. */
 static void
-server_drain(struct server *s)
+sloop_drain(struct sloop *sl)
 {
   struct conn *c, *next;
-  for (c = s->conns; c; c = next) {
+  for (c = sl->conns; c; c = next) {
     next = c->next;
     if (c->exp == NULL || c->state != CS_REQ_HDR || c->have > 0 ||
         c->in_off < c->in_len)
@@ -563,28 +627,53 @@ server_drain(struct server *s)
     if (idle)
       conn_close(c, NULL);
   }
-  if (s->conns == NULL || loop_now_ms() >= s->stop_deadline_ms)
-    loop_stop(s->loop);
+  /* loops[0] stays up until every loop's connections are gone, so that
+   * a second signal is still heard while the others drain. */
+  bool empty = sl->conns == NULL;
+  if (sl == &sl->srv->loops[0]) {
+    pthread_mutex_lock(&sl->srv->lock);
+    empty = sl->srv->nconns == 0;
+    pthread_mutex_unlock(&sl->srv->lock);
+  }
+  if (empty || loop_now_ms() >= server_stopping(sl->srv))
+    loop_stop(sl->loop);
 }
 
+/* Every loop's periodic work, and its work on being woken: sockets
+ * handed over, connections a worker asked about, TCP_INFO samples,
+ * handshake deadlines and the shutdown drain; and on loops[0] the
+ * listeners' pause. */
 static void
-server_tick(struct loop *l, void *arg)
+sloop_tick(struct loop *l, void *arg)
 {
-  struct server *s = arg;
+  struct sloop *sl = arg;
+  struct server *s = sl->srv;
+  int *fds = NULL;
+  int nfds = 0;
 
-  pthread_mutex_lock(&s->resume_lock);
-  struct conn *list = s->resume;
-  s->resume = NULL;
-  pthread_mutex_unlock(&s->resume_lock);
+  pthread_mutex_lock(&s->lock);
+  struct conn *list = sl->resume;
+  sl->resume = NULL;
+  if (sl->nhandoff > 0) {
+    fds = sl->handoff;
+    nfds = sl->nhandoff;
+    sl->handoff = NULL;
+    sl->nhandoff = sl->handoff_cap = 0;
+  }
+  pthread_mutex_unlock(&s->lock);
+
+  for (int i = 0; i < nfds; i++)
+    conn_create(sl, fds[i]);
+  free(fds);
 
   while (list) {
     struct conn *c = list;
     /* Take the link before c may be queued again: conn_resume rewrites
      * resume_next as soon as in_resume is false. */
-    pthread_mutex_lock(&s->resume_lock);
+    pthread_mutex_lock(&s->lock);
     list = c->resume_next;
     c->in_resume = false;
-    pthread_mutex_unlock(&s->resume_lock);
+    pthread_mutex_unlock(&s->lock);
     if (!c->dead) {
       pthread_mutex_lock(&c->lock);
       bool done = c->closing && c->inflight == 0 && c->sendq == NULL &&
@@ -602,23 +691,24 @@ server_tick(struct loop *l, void *arg)
   }
 
   if (s->cfg.stats)
-    for (struct conn *c = s->conns; c; c = c->next)
+    for (struct conn *c = sl->conns; c; c = c->next)
       if (c->is_tcp)
         tcpinfo_sample(&c->tcp, c->fd);
 
-  if (s->stop_deadline_ms)
-    server_drain(s);
+  if (server_stopping(s))
+    sloop_drain(sl);
   uint64_t now = loop_now_ms();
-  if (s->accept_paused_ms && now - s->accept_paused_ms >= 1000) {
+  if (sl == &s->loops[0] && s->accept_paused_ms &&
+      now - s->accept_paused_ms >= 1000) {
     s->accept_paused_ms = 0;
     for (int i = 0; i < s->nlisten; i++)
       loop_mod(l, s->listen_fds[i], EPOLLIN);
   }
-  if (now - s->last_sweep_ms < 500)
+  if (now - sl->last_sweep_ms < 500)
     return;
-  s->last_sweep_ms = now;
+  sl->last_sweep_ms = now;
   struct conn *c, *next;
-  for (c = s->conns; c; c = next) {
+  for (c = sl->conns; c; c = next) {
     next = c->next;
     if (c->deadline_ms && now > c->deadline_ms) {
       char why[96];
@@ -637,9 +727,10 @@ server_on_signal(struct loop *l, int fd, uint32_t events, void *arg)
   ssize_t n = read(fd, &si, sizeof si);
   unsigned sig = n == (ssize_t)sizeof si ? si.ssi_signo : 0;
 
-  if (s->stop_deadline_ms) {
+  if (server_stopping(s)) {
     log_info("signal %u again: stopping now", sig);
-    loop_stop(l);
+    for (int i = 0; i < s->nloops; i++)
+      loop_stop(s->loops[i].loop);
     return;
   }
   log_info("signal %u: shutting down; requests in flight get %d s",
@@ -649,8 +740,12 @@ server_on_signal(struct loop *l, int fd, uint32_t events, void *arg)
     close(s->listen_fds[i]);
   }
   s->nlisten = 0;
-  s->stop_deadline_ms = loop_now_ms() + SERVER_STOP_GRACE_MS;
-  server_drain(s);
+  __atomic_store_n(&s->stop_deadline_ms, loop_now_ms() + SERVER_STOP_GRACE_MS,
+                   __ATOMIC_RELEASE);
+  /* Each loop drains its own connections, from its tick. */
+  for (int i = 1; i < s->nloops; i++)
+    loop_wake(s->loops[i].loop);
+  sloop_drain(&s->loops[0]);
 }
 
 struct export *
@@ -731,11 +826,78 @@ server_write_pidfile(const char *path)
   return 0;
 }
 
+static void *
+sloop_thread(void *arg)
+{
+  struct sloop *sl = arg;
+  if (loop_run(sl->loop) < 0)
+    log_error("event loop failed: %s", strerror(errno));
+  return NULL;
+}
+
+/* Sets up the loops, each with its tick; loops[0] runs on the caller. */
+static int
+server_start_loops(struct server *s)
+{
+  int n = s->cfg.loops;
+  if (n <= 0) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    n = cpus < 1 ? 1 : cpus > SERVER_MAX_LOOPS ? SERVER_MAX_LOOPS : (int)cpus;
+  }
+  s->loops = calloc((size_t)n, sizeof *s->loops);
+  if (s->loops == NULL)
+    return -ENOMEM;
+  for (int i = 0; i < n; i++) {
+    struct sloop *sl = &s->loops[i];
+    sl->srv = s;
+    sl->loop = loop_new();
+    if (sl->loop == NULL)
+      return -ENOMEM;
+    s->nloops++;
+    loop_set_tick(sl->loop, SERVER_TICK_MS, sloop_tick, sl);
+  }
+  for (int i = 1; i < n; i++) {
+    int r = pthread_create(&s->loops[i].thread, NULL, sloop_thread,
+                           &s->loops[i]);
+    if (r != 0) {
+      log_error("cannot start event-loop thread %d: %s", i, strerror(r));
+      return -r;
+    }
+    s->loops[i].running = true;
+  }
+  log_debug("%d event loop%s", n, n == 1 ? "" : "s");
+  return 0;
+}
+
+/* After loops[0] has stopped: waits for the others, which have stopped
+ * or will at the deadline when shutting down, and are stopped here
+ * otherwise (start-up failed). */
+static void
+server_join_loops(struct server *s)
+{
+  for (int i = 1; i < s->nloops; i++) {
+    struct sloop *sl = &s->loops[i];
+    if (!sl->running)
+      continue;
+    if (!server_stopping(s))
+      loop_stop(sl->loop);
+    pthread_join(sl->thread, NULL);
+    sl->running = false;
+  }
+}
+
 static void
 server_cleanup(struct server *s)
 {
-  while (s->conns)
-    conn_close(s->conns, NULL);
+  server_join_loops(s);
+  for (int i = 0; i < s->nloops; i++) {
+    struct sloop *sl = &s->loops[i];
+    while (sl->conns)
+      conn_close(sl->conns, NULL);
+    for (int j = 0; j < sl->nhandoff; j++)
+      close(sl->handoff[j]);
+    free(sl->handoff);
+  }
   workq_free(s->workq); /* finishes queued requests first */
   for (int i = 0; i < s->nlisten; i++)
     close(s->listen_fds[i]);
@@ -747,8 +909,18 @@ server_cleanup(struct server *s)
     export_close(s->exports[i]);
   free(s->exports);
   tls_creds_free(s->tls);
-  loop_free(s->loop);
-  pthread_mutex_destroy(&s->resume_lock);
+  for (int i = 0; i < s->nloops; i++) {
+    /* Requests the workers just finished may have queued their
+     * connection here, each holding a reference. */
+    struct conn *c = s->loops[i].resume, *next;
+    for (; c; c = next) {
+      next = c->resume_next;
+      conn_put(c);
+    }
+    loop_free(s->loops[i].loop);
+  }
+  free(s->loops);
+  pthread_mutex_destroy(&s->lock);
 }
 
 int
@@ -758,12 +930,11 @@ server_run(struct server_config *cfg, char **export_args, int nexports)
   int ret = 1;
   sigset_t mask;
 
-  pthread_mutex_init(&s.resume_lock, NULL);
+  pthread_mutex_init(&s.lock, NULL);
   server_raise_fd_limit();
   s.pipe_max = sock_pipe_max_size();
   s.exports = calloc((size_t)nexports, sizeof *s.exports);
-  s.loop = loop_new();
-  if (s.exports == NULL || s.loop == NULL)
+  if (s.exports == NULL)
     goto cleanup;
   for (int i = 0; i < nexports; i++) {
     if (export_open(export_args[i], cfg->read_only, &s.exports[i]) < 0)
@@ -789,7 +960,7 @@ server_run(struct server_config *cfg, char **export_args, int nexports)
              cfg->tls.verify_peer ? ", client certificates required" : "");
   }
   /* Block the stop signals before any thread starts, so that only the
-   * loop's signalfd sees them. */
+   * first loop's signalfd sees them. */
   sigemptyset(&mask);
   sigaddset(&mask, SIGINT);
   sigaddset(&mask, SIGTERM);
@@ -802,13 +973,18 @@ server_run(struct server_config *cfg, char **export_args, int nexports)
   }
   if (server_listen(&s) < 0)
     goto cleanup;
+  int r = server_start_loops(&s);
+  if (r < 0) {
+    log_error("cannot start the event loops: %s", strerror(-r));
+    goto cleanup;
+  }
+  struct loop *main_loop = s.loops[0].loop;
   for (int i = 0; i < s.nlisten; i++)
-    loop_add(s.loop, s.listen_fds[i], EPOLLIN, server_accept, &s);
+    loop_add(main_loop, s.listen_fds[i], EPOLLIN, server_accept, &s);
 
   int sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
   if (sfd >= 0)
-    loop_add(s.loop, sfd, EPOLLIN, server_on_signal, &s);
-  loop_set_tick(s.loop, SERVER_TICK_MS, server_tick, &s);
+    loop_add(main_loop, sfd, EPOLLIN, server_on_signal, &s);
 
   if (cfg->pidfile && server_write_pidfile(cfg->pidfile) < 0)
     goto cleanup;
@@ -816,7 +992,7 @@ server_run(struct server_config *cfg, char **export_args, int nexports)
     log_info("export \"%s\": %s, %llu bytes%s", s.exports[i]->name,
              s.exports[i]->ops->kind, (unsigned long long)s.exports[i]->size,
              s.exports[i]->read_only ? ", read-only" : "");
-  ret = loop_run(s.loop) < 0 ? 1 : 0;
+  ret = loop_run(main_loop) < 0 ? 1 : 0;
   if (sfd >= 0)
     close(sfd);
 cleanup:

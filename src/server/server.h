@@ -1,10 +1,12 @@
 /* server.h: the NBD server: configuration, connections and requests.
  *
- * Threads: one event-loop thread owns the listeners, every connection's
- * reading side and its handshake. Requests run on a worker pool; a worker
- * sends its own reply when the socket takes it at once, and otherwise
- * leaves it queued for the loop to flush on EPOLLOUT. Nothing on the loop
- * thread ever blocks. */
+ * Threads: a few event-loop threads (struct sloop). The first owns the
+ * listeners and the stop signals; it accepts, and hands each connection
+ * to the loop that has the fewest, which owns from then on its reading
+ * side and its handshake. Requests run on a worker pool; a worker sends
+ * its own reply when the socket takes it at once, and otherwise leaves
+ * it queued for the connection's loop to flush on EPOLLOUT. Nothing on a
+ * loop thread ever blocks. */
 #ifndef NBDFLOW_SERVER_SERVER_H
 #define NBDFLOW_SERVER_SERVER_H
 
@@ -22,6 +24,7 @@
 #include "util/workq.h"
 
 #define SERVER_MAX_LISTEN 8
+#define SERVER_MAX_LOOPS 8 /* the default is one per CPU, up to this */
 #define SERVER_DEFAULT_INFLIGHT 32
 #define SERVER_MAX_PAYLOAD (32u << 20) /* advertised maximum block size */
 #define SERVER_PREFERRED_BLOCK 4096
@@ -57,6 +60,7 @@ struct server_config {
   int max_inflight;     /* per connection */
   int handshake_timeout; /* seconds */
   int threads;
+  int loops;            /* event-loop threads; 0: one per CPU */
   const char *pidfile;
   bool stats;
   enum tls_mode tls_mode;
@@ -64,29 +68,45 @@ struct server_config {
 };
 
 struct conn;
+struct server;
+
+/* One event-loop thread and the connections it owns. */
+struct sloop {
+  struct server *srv;
+  struct loop *loop;
+  pthread_t thread;
+  bool running;           /* thread started (loops[0] runs on the caller) */
+  struct conn *conns;     /* this loop's connections, its thread only */
+  uint64_t last_sweep_ms; /* handshake deadlines last checked */
+
+  /* Under srv->lock. */
+  int nowned;             /* connections handed here and not yet gone */
+  int *handoff;           /* accepted sockets for this loop to take up */
+  int nhandoff, handoff_cap;
+  /* Connections a worker asked the loop to look at again (resume reading
+   * after backpressure, flush, or finish closing). */
+  struct conn *resume;
+};
 
 struct server {
   struct server_config cfg;
   struct export **exports; /* exports[0] is also the default export */
   int nexports;
-  struct loop *loop;
+  struct sloop *loops; /* loops[0] also owns the listeners and signals */
+  int nloops;
   struct workq *workq;
   int listen_fds[SERVER_MAX_LISTEN];
   int nlisten;
-  int nconns;
-  struct conn *conns; /* all live connections, loop thread only */
-  uint64_t last_sweep_ms; /* handshake deadlines last checked */
   uint64_t accept_paused_ms; /* listeners off since (out of fds), or 0 */
   bool accept_starved;       /* out of fds since the last accept */
   size_t pipe_max;           /* fs.pipe-max-size: largest pipe we ask for */
-  bool warned_sndbuf;     /* the clipped-SO_SNDBUF warning was given */
+  bool warned_sndbuf;     /* atomic: the clipped-SO_SNDBUF warning was given */
   struct tls_creds *tls; /* NULL when cfg.tls_mode is TLS_OFF */
-  uint64_t stop_deadline_ms; /* shutting down until then; 0 while serving */
+  /* Atomic: shutting down until then; 0 while serving. */
+  uint64_t stop_deadline_ms;
 
-  /* Connections a worker asked the loop to look at again (resume reading
-   * after backpressure, flush, or finish closing). */
-  pthread_mutex_t resume_lock;
-  struct conn *resume; /* protected by resume_lock */
+  pthread_mutex_t lock; /* nconns, and each loop's fields marked so */
+  int nconns;           /* live connections, every loop's */
 };
 
 enum conn_state {
@@ -140,7 +160,8 @@ struct req {
 
 struct conn {
   struct server *srv;
-  struct loop *loop;
+  struct sloop *sl;  /* the loop that owns this connection */
+  struct loop *loop; /* sl->loop */
   int fd;
   struct transport t;
   char peer[80];
@@ -192,13 +213,13 @@ struct conn {
   bool send_failed;     /* a worker saw the socket fail: loop closes */
   bool last_spliced;    /* loop only: the last WRITE payload was spliced */
   bool unacked;         /* bytes read since the last forced ACK */
-  bool in_resume;       /* on srv->resume */
+  bool in_resume;       /* on sl->resume (under srv->lock) */
   struct req *sendq, *sendq_tail; /* replies waiting for the socket */
   struct req *free_reqs;
   int nfree;
 
-  struct conn *next, *prev;   /* srv->conns, loop thread only */
-  struct conn *resume_next;   /* srv->resume, under resume_lock */
+  struct conn *next, *prev;   /* sl->conns, that loop's thread only */
+  struct conn *resume_next;   /* sl->resume, under srv->lock */
 };
 
 int server_run(struct server_config *cfg, char **export_args, int nexports);
@@ -231,6 +252,8 @@ void conn_expect(struct conn *c, enum conn_state s, void *dst, size_t need);
 void conn_close(struct conn *c, const char *why);
 void conn_put(struct conn *c);
 void conn_resume(struct conn *c); /* any thread: ask the loop to look */
+/* Shutting down: the stop deadline, 0 while serving. Any thread. */
+uint64_t server_stopping(struct server *s);
 /* One warning line naming the client; at most CONN_LOG_CAP per connection,
  * so a hostile client cannot flood the log. Loop thread only. */
 void conn_log(struct conn *c, const char *fmt, ...)

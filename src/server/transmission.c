@@ -775,7 +775,7 @@ transmission_header(struct conn *c)
   if (q->error) {
     conn_log(c, "%s", why);
     q->errmsg = NULL;
-  } else if (c->srv->stop_deadline_ms) {
+  } else if (server_stopping(c->srv)) {
     q->error = NBD_ESHUTDOWN; /* §Terminating the transmission phase */
     q->errmsg = "the server is shutting down";
   } else if (payload > 0 && req_use_splice(c, q, payload)) {
