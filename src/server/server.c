@@ -680,12 +680,17 @@ sloop_tick(struct loop *l, void *arg)
                   !c->want_out; /* TLS may still hold bytes */
       bool failed = c->send_failed;
       pthread_mutex_unlock(&c->lock);
-      if (failed)
+      if (failed) {
         conn_close(c, "sending a reply failed");
-      else if (done)
+      } else if (done) {
         conn_close(c, NULL);
-      else
+      } else {
+        /* A worker resumed reading or wants EPOLLOUT. */
+        pthread_mutex_lock(&c->lock);
+        conn_update_events(c);
+        pthread_mutex_unlock(&c->lock);
         conn_read(c);
+      }
     }
     conn_put(c);
   }

@@ -260,7 +260,8 @@ void conn_log(struct conn *c, const char *fmt, ...)
   __attribute__((format(printf, 2, 3)));
 struct export *server_find_export(struct server *s, const uint8_t *name,
                                   size_t len);
-void conn_update_events(struct conn *c); /* under c->lock */
+/* Loop thread, under c->lock: sets the epoll events from the state. */
+void conn_update_events(struct conn *c);
 void req_destroy(struct req *q);
 void req_close_pipes(struct req *q);
 int req_add_pipe(struct req *q); /* one more pipe of pipe_size */

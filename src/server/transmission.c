@@ -393,7 +393,9 @@ req_release_locked(struct conn *c, struct req *q)
 }
 
 /* The reply left: the request slot and its buffer become free. Under
- * c->lock; returns true when the loop should look at the connection. */
+ * c->lock; returns true when the loop should look at the connection
+ * (and set its epoll events: only the loop does, as they depend on the
+ * loop's own state). */
 static bool
 req_finish_locked(struct conn *c, struct req *q)
 {
@@ -413,7 +415,6 @@ req_finish_locked(struct conn *c, struct req *q)
   }
   if (c->paused && conn_may_resume_locked(c)) {
     __atomic_store_n(&c->paused, false, __ATOMIC_RELEASE);
-    conn_update_events(c);
     resume = true;
   }
   if (c->closing && c->inflight == 0 && c->sendq == NULL)
@@ -443,15 +444,15 @@ req_send(struct req *q)
      * take) goes on EPOLLOUT; the reply itself is done. */
     int f = c->t.ops->flush(&c->t);
     if (f == -EAGAIN && !c->want_out) {
-      c->want_out = true;
-      conn_update_events(c);
+      c->want_out = true; /* the loop arms EPOLLOUT */
+      resume = true;
     } else if (f < 0 && f != -EAGAIN) {
       c->send_failed = true;
     }
   }
   bool finished = r != 0; /* a queued reply keeps its reference */
   if (r == 1) {
-    resume = req_finish_locked(c, q) || c->send_failed;
+    resume = req_finish_locked(c, q) || c->send_failed || resume;
   } else if (r == 0) {
     if (c->sendq_tail)
       c->sendq_tail->next = q;
@@ -460,8 +461,8 @@ req_send(struct req *q)
     c->sendq_tail = q;
     q->next = NULL;
     if (!c->want_out) {
-      c->want_out = true;
-      conn_update_events(c);
+      c->want_out = true; /* the loop arms EPOLLOUT */
+      resume = true;
     }
   } else {
     c->send_failed = true;
@@ -480,6 +481,7 @@ int
 transmission_flush(struct conn *c)
 {
   int puts = 0, ret = 0;
+  bool rearm = false;
   pthread_mutex_lock(&c->lock);
   while (c->sendq) {
     struct req *q = c->sendq;
@@ -495,7 +497,7 @@ transmission_flush(struct conn *c)
     c->sendq = q->next;
     if (c->sendq == NULL)
       c->sendq_tail = NULL;
-    req_finish_locked(c, q);
+    rearm |= req_finish_locked(c, q);
     puts++;
   }
   if (ret == 0 && c->sendq == NULL) {
@@ -503,8 +505,10 @@ transmission_flush(struct conn *c)
     if (r < 0 && r != -EAGAIN)
       ret = -1;
     c->want_out = r == -EAGAIN;
-    conn_update_events(c);
+    rearm = true;
   }
+  if (rearm)
+    conn_update_events(c);
   bool done = c->closing && c->inflight == 0 && c->sendq == NULL &&
               !c->want_out;
   pthread_mutex_unlock(&c->lock);
