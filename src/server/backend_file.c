@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <linux/fs.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -23,7 +24,56 @@ struct file_priv {
   bool is_blockdev;
   bool can_punch;      /* cleared once the file system says no */
   bool can_zero_range; /* likewise */
+  /* SEEK_HOLE on tmpfs walks the page cache page by page up to the next
+   * hole: asked once per READ or BLOCK_STATUS, it would cost every
+   * request the rest of a dense file (minutes for 2 GiB). So the last
+   * answer is kept: [data_from, data_to) holds no hole. Writes only fill
+   * holes, so it stays true; punching or zeroing clears it. A stale
+   * answer could only call a new hole data, which is never wrong. */
+  pthread_mutex_t hint_lock;
+  uint64_t data_from, data_to;
 };
+
+/* True when the kept answer covers off: data from off to *hole. */
+static bool
+file_hint(struct file_priv *fp, uint64_t off, uint64_t *hole)
+{
+  pthread_mutex_lock(&fp->hint_lock);
+  bool known = off >= fp->data_from && off < fp->data_to;
+  if (known)
+    *hole = fp->data_to;
+  pthread_mutex_unlock(&fp->hint_lock);
+  return known;
+}
+
+/* The first hole at or after off, which holds data (or the end of the
+ * file); kept for the next request. */
+static int
+file_next_hole(struct export *e, uint64_t off, uint64_t *hole)
+{
+  struct file_priv *fp = e->priv;
+  off_t h = lseek(e->fd, (off_t)off, SEEK_HOLE);
+  if (h < 0)
+    return -errno;
+  *hole = (uint64_t)h;
+  if (*hole > off) {
+    pthread_mutex_lock(&fp->hint_lock);
+    fp->data_from = off;
+    fp->data_to = *hole;
+    pthread_mutex_unlock(&fp->hint_lock);
+  }
+  return 0;
+}
+
+/* Holes may have appeared: forget the kept answer. */
+static void
+file_forget_hint(struct export *e)
+{
+  struct file_priv *fp = e->priv;
+  pthread_mutex_lock(&fp->hint_lock);
+  fp->data_from = fp->data_to = 0;
+  pthread_mutex_unlock(&fp->hint_lock);
+}
 
 static int
 file_pread(struct export *e, void *buf, uint64_t len, uint64_t off)
@@ -94,6 +144,7 @@ file_punch(struct export *e, uint64_t len, uint64_t off)
   struct file_priv *fp = e->priv;
   if (!fp->can_punch)
     return -EOPNOTSUPP;
+  file_forget_hint(e);
   if (fp->is_blockdev) {
     uint64_t range[2] = { off, len };
     if (ioctl(e->fd, BLKDISCARD, range) == 0)
@@ -123,6 +174,7 @@ file_zero(struct export *e, uint64_t len, uint64_t off, bool may_trim,
     return fua ? file_flush(e) : 0;
   }
   if (fp->can_zero_range) {
+    file_forget_hint(e); /* ZERO_RANGE may leave unwritten extents */
     int mode = fp->is_blockdev ? 0 : FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE;
     if (fp->is_blockdev) {
       uint64_t range[2] = { off, len };
@@ -172,7 +224,9 @@ file_extents(struct export *e, uint64_t off, uint64_t len, struct extent *ext,
     return 1;
   }
   while (off < end && n < max) {
-    off_t data = lseek(e->fd, (off_t)off, SEEK_DATA);
+    uint64_t h = end;
+    bool known = file_hint(fp, off, &h);
+    off_t data = known ? (off_t)off : lseek(e->fd, (off_t)off, SEEK_DATA);
     if (data < 0 && errno != ENXIO)
       return n > 0 ? n : -errno;
     uint64_t d = data < 0 ? end : (uint64_t)data;
@@ -183,10 +237,11 @@ file_extents(struct export *e, uint64_t off, uint64_t len, struct extent *ext,
       off += l;
       continue;
     }
-    off_t hole = lseek(e->fd, (off_t)off, SEEK_HOLE);
-    if (hole < 0)
-      return n > 0 ? n : -errno;
-    uint64_t h = (uint64_t)hole < end ? (uint64_t)hole : end;
+    int r = known ? 0 : file_next_hole(e, off, &h);
+    if (r < 0)
+      return n > 0 ? n : r;
+    if (h > end)
+      h = end;
     if (h <= off) /* racing truncation: call the rest data */
       h = end;
     ext[n++] = (struct extent){ .length = h - off, .flags = 0 };
@@ -254,9 +309,12 @@ file_splice_in(struct export *e, int pipefd, uint64_t len, uint64_t off,
 static void
 file_close(struct export *e)
 {
+  struct file_priv *fp = e->priv;
   if (e->fd >= 0)
     close(e->fd);
-  free(e->priv);
+  if (fp)
+    pthread_mutex_destroy(&fp->hint_lock);
+  free(fp);
 }
 
 const struct backend_ops backend_file_ops = {
@@ -280,6 +338,7 @@ backend_file_open(struct export *e, const char *path)
 
   if (fp == NULL)
     return -ENOMEM;
+  pthread_mutex_init(&fp->hint_lock, NULL);
   e->ops = &backend_file_ops;
   e->priv = fp;
   e->fd = open(path, (e->read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC);
