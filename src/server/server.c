@@ -436,6 +436,13 @@ conn_on_event(struct loop *l, int fd, uint32_t events, void *arg)
     }
     if (r == 0)
       return;
+  } else if ((events & (EPOLLERR | EPOLLHUP)) && !conn_may_read(c)) {
+    /* Not reading (paused, or closing after DISC) and the socket can no
+     * longer send: the replies have nowhere to go, and the HUP, always
+     * reported, would spin the loop until they were done. */
+    log_debug("%s: client gone with requests in flight", c->peer);
+    conn_close(c, NULL);
+    return;
   } else if (events & EPOLLOUT) {
     /* The handshake's last reply may still be queued when transmission
      * has begun: it goes first. */
@@ -628,13 +635,13 @@ sloop_drain(struct sloop *sl)
       conn_close(c, NULL);
   }
   /* loops[0] stays up until every loop's connections are gone, so that
-   * a second signal is still heard while the others drain. */
-  bool empty = sl->conns == NULL;
-  if (sl == &sl->srv->loops[0]) {
-    pthread_mutex_lock(&sl->srv->lock);
-    empty = sl->srv->nconns == 0;
-    pthread_mutex_unlock(&sl->srv->lock);
-  }
+   * a second signal is still heard while the others drain. Another loop
+   * counts the sockets handed to it and not yet taken up, too (nowned):
+   * one accepted just before the signal may still be on its way. */
+  pthread_mutex_lock(&sl->srv->lock);
+  bool empty = sl == &sl->srv->loops[0] ? sl->srv->nconns == 0
+                                        : sl->nowned == 0;
+  pthread_mutex_unlock(&sl->srv->lock);
   if (empty || loop_now_ms() >= server_stopping(sl->srv))
     loop_stop(sl->loop);
 }

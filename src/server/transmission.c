@@ -463,6 +463,10 @@ req_send(struct req *q)
     if (!c->want_out) {
       c->want_out = true; /* the loop arms EPOLLOUT */
       resume = true;
+      /* q's reference now belongs to the send queue, which the loop may
+       * empty (closing c) before conn_resume below: hold c for it. */
+      c->refs++;
+      finished = true;
     }
   } else {
     c->send_failed = true;
@@ -745,12 +749,16 @@ transmission_header(struct conn *c)
   }
   if (r.type == NBD_CMD_DISC) {
     log_debug("%s: disconnect requested", c->peer);
+    c->state = CS_CLOSING;
+    c->dst = NULL;
     pthread_mutex_lock(&c->lock);
     c->closing = true;
     bool now = c->inflight == 0 && c->sendq == NULL && !c->want_out;
+    /* No more EPOLLIN: the client's EOF, level-triggered, would
+     * otherwise wake the loop for nothing until the last reply. */
+    if (!now)
+      conn_update_events(c);
     pthread_mutex_unlock(&c->lock);
-    c->state = CS_CLOSING;
-    c->dst = NULL;
     return now ? -1 : 0; /* -1 closes at once, gracefully */
   }
   /* Compact headers: only WRITE carries a payload, and PAYLOAD_LEN is
