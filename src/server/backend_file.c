@@ -28,10 +28,11 @@ struct file_priv {
    * hole: asked once per READ or BLOCK_STATUS, it would cost every
    * request the rest of a dense file (minutes for 2 GiB). So the last
    * answer is kept: [data_from, data_to) holds no hole. Writes only fill
-   * holes, so it stays true; punching or zeroing clears it. A stale
-   * answer could only call a new hole data, which is never wrong. */
+   * holes, so it stays true; punching or zeroing clears it, and bumps
+   * hint_gen so that an lseek that raced with it is not kept. */
   pthread_mutex_t hint_lock;
   uint64_t data_from, data_to;
+  uint64_t hint_gen;
 };
 
 /* True when the kept answer covers off: data from off to *hole. */
@@ -52,26 +53,31 @@ static int
 file_next_hole(struct export *e, uint64_t off, uint64_t *hole)
 {
   struct file_priv *fp = e->priv;
+  pthread_mutex_lock(&fp->hint_lock);
+  uint64_t gen = fp->hint_gen;
+  pthread_mutex_unlock(&fp->hint_lock);
   off_t h = lseek(e->fd, (off_t)off, SEEK_HOLE);
   if (h < 0)
     return -errno;
   *hole = (uint64_t)h;
-  if (*hole > off) {
-    pthread_mutex_lock(&fp->hint_lock);
+  pthread_mutex_lock(&fp->hint_lock);
+  if (*hole > off && gen == fp->hint_gen) {
     fp->data_from = off;
     fp->data_to = *hole;
-    pthread_mutex_unlock(&fp->hint_lock);
   }
+  pthread_mutex_unlock(&fp->hint_lock);
   return 0;
 }
 
-/* Holes may have appeared: forget the kept answer. */
+/* Holes may have appeared (called after punching or zeroing, whatever
+ * its result): forget the kept answer and any answer still on its way. */
 static void
 file_forget_hint(struct export *e)
 {
   struct file_priv *fp = e->priv;
   pthread_mutex_lock(&fp->hint_lock);
   fp->data_from = fp->data_to = 0;
+  fp->hint_gen++;
   pthread_mutex_unlock(&fp->hint_lock);
 }
 
@@ -144,18 +150,18 @@ file_punch(struct export *e, uint64_t len, uint64_t off)
   struct file_priv *fp = e->priv;
   if (!fp->can_punch)
     return -EOPNOTSUPP;
-  file_forget_hint(e);
+  int r;
   if (fp->is_blockdev) {
     uint64_t range[2] = { off, len };
-    if (ioctl(e->fd, BLKDISCARD, range) == 0)
-      return 0;
-  } else if (fallocate(e->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                       (off_t)off, (off_t)len) == 0) {
-    return 0;
+    r = ioctl(e->fd, BLKDISCARD, range) == 0 ? 0 : -errno;
+  } else {
+    r = fallocate(e->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                  (off_t)off, (off_t)len) == 0 ? 0 : -errno;
   }
-  if (errno == EOPNOTSUPP || errno == ENOTTY)
+  file_forget_hint(e);
+  if (r == -EOPNOTSUPP || r == -ENOTTY)
     fp->can_punch = false;
-  return -errno;
+  return r;
 }
 
 static int
@@ -174,18 +180,18 @@ file_zero(struct export *e, uint64_t len, uint64_t off, bool may_trim,
     return fua ? file_flush(e) : 0;
   }
   if (fp->can_zero_range) {
-    file_forget_hint(e); /* ZERO_RANGE may leave unwritten extents */
     int mode = fp->is_blockdev ? 0 : FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE;
     if (fp->is_blockdev) {
       uint64_t range[2] = { off, len };
-      r = ioctl(e->fd, BLKZEROOUT, range);
+      r = ioctl(e->fd, BLKZEROOUT, range) == 0 ? 0 : -errno;
     } else {
-      r = fallocate(e->fd, mode, (off_t)off, (off_t)len);
+      r = fallocate(e->fd, mode, (off_t)off, (off_t)len) == 0 ? 0 : -errno;
     }
+    file_forget_hint(e); /* ZERO_RANGE may leave unwritten extents */
     if (r == 0)
       return fua ? file_flush(e) : 0;
-    if (errno != EOPNOTSUPP && errno != ENOTTY)
-      return -errno;
+    if (r != -EOPNOTSUPP && r != -ENOTTY)
+      return r;
     fp->can_zero_range = false;
   }
   if (fast)
