@@ -17,16 +17,7 @@ def main(server):
     held = [Conn(server), Conn(server)]
     for c in held:
         c.greeting()
-    extra = Conn(server)
-    cid = extra.client_id()
-    try:
-        extra.greeting()
-        raise Failure("a third connection was served with "
-                      "--max-connections 2")
-    except Closed:
-        log("ok: third connection refused")
-    check_logged(server, cid, "refused connection",
-                 pattern="max-connections")
+    expect_refused(server, "a third connection (--max-connections 2)")
     held.pop().close()
     time.sleep(0.3)
 

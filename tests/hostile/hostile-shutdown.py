@@ -79,12 +79,7 @@ def main(server):
            "once its replies are out")
     c.close()
 
-    try:
-        server.proc.wait(10)
-    except subprocess.TimeoutExpired:
-        raise Failure("server still running 10 s after its clients left")
-    expect(server.proc.returncode == 0, "exit status 0 (got %s)"
-           % server.proc.returncode)
+    expect_exit_zero(server, "its clients left")
     check_logged_text(server, "shutting down")
     late_request()
 

@@ -593,6 +593,31 @@ def check_logged(server, client_id, what, pattern=None):
     log("ok: logged for %s: %s" % (what, lines[-1].strip()))
 
 
+def expect_refused(server, what):
+    """A new connection is closed without a greeting (--max-connections),
+    and the server logs a line naming it."""
+    extra = Conn(server)
+    cid = extra.client_id()
+    try:
+        extra.greeting()
+        raise Failure("%s was served" % what)
+    except Closed:
+        log("ok: %s refused" % what)
+    finally:
+        extra.close()
+    check_logged(server, cid, "refused connection", pattern="max-connections")
+
+
+def expect_exit_zero(server, after):
+    """The server exits within 10 s, with status 0."""
+    try:
+        server.proc.wait(10)
+    except subprocess.TimeoutExpired:
+        raise Failure("server still running 10 s after %s" % after)
+    expect(server.proc.returncode == 0, "exit status 0 (got %s)"
+           % server.proc.returncode)
+
+
 def run(main, exports=("memory:1M",), extra=()):
     """Runs main(server) with a fresh server; turns Failure into exit 1 and
     prints the server log on failure."""
