@@ -93,6 +93,16 @@ conn_update_events(struct conn *c)
   loop_mod(c->loop, c->fd, ev);
 }
 
+/* A socket counted to sl (nconns, sl->nowned) is gone. */
+static void
+sloop_uncount(struct sloop *sl)
+{
+  pthread_mutex_lock(&sl->srv->lock);
+  sl->srv->nconns--;
+  sl->nowned--;
+  pthread_mutex_unlock(&sl->srv->lock);
+}
+
 void
 conn_close(struct conn *c, const char *why)
 {
@@ -131,10 +141,7 @@ conn_close(struct conn *c, const char *why)
     c->sl->conns = c->next;
   if (c->next)
     c->next->prev = c->prev;
-  pthread_mutex_lock(&s->lock);
-  s->nconns--;
-  c->sl->nowned--;
-  pthread_mutex_unlock(&s->lock);
+  sloop_uncount(c->sl);
   conn_put(c);
 }
 
@@ -488,10 +495,7 @@ conn_create(struct sloop *sl, int fd)
   struct conn *c = calloc(1, sizeof *c);
   if (c == NULL) {
     close(fd);
-    pthread_mutex_lock(&s->lock);
-    s->nconns--;
-    sl->nowned--;
-    pthread_mutex_unlock(&s->lock);
+    sloop_uncount(sl);
     return;
   }
   c->srv = s;
