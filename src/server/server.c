@@ -836,8 +836,9 @@ server_write_pidfile(const char *path)
   FILE *f = fopen(tmp, "w");
   if (f == NULL || fprintf(f, "%ld\n", (long)getpid()) < 0 || fclose(f) != 0 ||
       rename(tmp, path) < 0) {
-    log_error("cannot write pid file %s: %s", path, strerror(errno));
-    return -errno;
+    int err = errno;
+    log_error("cannot write pid file %s: %s", path, strerror(err));
+    return -err;
   }
   return 0;
 }
@@ -943,7 +944,7 @@ int
 server_run(struct server_config *cfg, char **export_args, int nexports)
 {
   struct server s = { .cfg = *cfg };
-  int ret = 1;
+  int ret = 1, sfd = -1;
   sigset_t mask;
 
   pthread_mutex_init(&s.lock, NULL);
@@ -995,12 +996,21 @@ server_run(struct server_config *cfg, char **export_args, int nexports)
     goto cleanup;
   }
   struct loop *main_loop = s.loops[0].loop;
-  for (int i = 0; i < s.nlisten; i++)
-    loop_add(main_loop, s.listen_fds[i], EPOLLIN, server_accept, &s);
-
-  int sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
-  if (sfd >= 0)
-    loop_add(main_loop, sfd, EPOLLIN, server_on_signal, &s);
+  for (int i = 0; i < s.nlisten; i++) {
+    r = loop_add(main_loop, s.listen_fds[i], EPOLLIN, server_accept, &s);
+    if (r < 0) {
+      log_error("cannot watch the listening socket: %s", strerror(-r));
+      goto cleanup;
+    }
+  }
+  /* The stop signals are blocked: without this descriptor SIGTERM would
+   * never reach the server. */
+  sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+  r = sfd < 0 ? -errno : loop_add(main_loop, sfd, EPOLLIN, server_on_signal, &s);
+  if (r < 0) {
+    log_error("cannot watch SIGINT and SIGTERM: %s", strerror(-r));
+    goto cleanup;
+  }
 
   if (cfg->pidfile && server_write_pidfile(cfg->pidfile) < 0)
     goto cleanup;
@@ -1009,9 +1019,9 @@ server_run(struct server_config *cfg, char **export_args, int nexports)
              s.exports[i]->ops->kind, (unsigned long long)s.exports[i]->size,
              s.exports[i]->read_only ? ", read-only" : "");
   ret = loop_run(main_loop) < 0 ? 1 : 0;
+cleanup:
   if (sfd >= 0)
     close(sfd);
-cleanup:
   server_cleanup(&s);
   return ret;
 }

@@ -29,4 +29,16 @@ qemu-img convert -f raw -O raw "nbd+unix:///?socket=$sock" "$TMP/out.img" ||
     fail "qemu-img out"
 same "$TMP/src2.img" "$TMP/out.img"
 serve_stop
+
+# A pid file that cannot be written fails the start after the listeners
+# and loops exist: one line naming the file, a non-zero exit (not the
+# timeout's), and the socket it had bound removed again.
+rc=0
+timeout 20 "$NBDFLOW" serve --unix "$TMP/late.sock" \
+    --pidfile "$TMP/no-such-dir/serve.pid" memory:1M 2>"$TMP/late.err" || rc=$?
+[ "$rc" != 0 ] && [ "$rc" != 124 ] ||
+    fail "an unwritable pid file: exit status $rc (want a failure, not a hang)"
+grep -q "cannot write pid file $TMP/no-such-dir/serve.pid: No such file" \
+    "$TMP/late.err" || fail "unwritable pid file not named: $(cat "$TMP/late.err")"
+[ ! -e "$TMP/late.sock" ] || fail "the socket was left behind after a failed start"
 echo "PASS: Unix socket"
