@@ -19,6 +19,7 @@
 #include "util/uri.h"
 
 #define FILE_SPARSE_BLOCK 4096
+#define FILE_PREFETCH_EXTENTS 256
 
 /* Read-only zeros for ZERO on pipes and devices without zeroing. */
 static const uint8_t ep_zero_page[256 << 10];
@@ -28,6 +29,14 @@ struct file_priv {
   bool fresh;          /* destination truncated by us: reads as zeroes */
   bool is_pipe;
   pthread_mutex_t grow_lock; /* serialises ftruncate growth */
+  /* A source's first extents, looked up on a worker from the moment it is
+   * opened: SEEK_HOLE can take milliseconds per GiB of data (tmpfs walks
+   * its pages), and so it overlaps connecting the destination instead of
+   * holding up the first read. The fields below are the loop thread's. */
+  struct ep_op pf_op;
+  struct endpoint_extent pf_ext[FILE_PREFETCH_EXTENTS];
+  enum { PF_NONE, PF_RUNNING, PF_DONE, PF_USED } pf_state;
+  struct ep_op *pf_waiter; /* the caller's EXTENTS at 0, until PF_DONE */
 };
 
 int
@@ -237,6 +246,28 @@ file_zero(struct file_priv *p, uint64_t off, uint64_t len, bool *skipped)
   return 0;
 }
 
+static int
+file_extents(struct endpoint *e, struct ep_op *op)
+{
+  struct file_priv *p = e->priv;
+  uint64_t off = op->offset, end = op->offset + op->length;
+  while (off < end && op->nextents < op->max_extents) {
+    struct endpoint_extent x;
+    int r = endpoint_file_extent(p->fd, off, e->size, &x);
+    if (r == -ENXIO) {
+      snprintf(op->errmsg, sizeof op->errmsg,
+               "the file is now shorter than the %llu bytes being copied",
+               (unsigned long long)e->size);
+      return -EIO;
+    }
+    if (r < 0)
+      return r;
+    op->extents[op->nextents++] = x;
+    off += x.length;
+  }
+  return 0;
+}
+
 static void
 file_work(struct work *w)
 {
@@ -269,6 +300,9 @@ file_work(struct work *w)
   case EP_ZERO:
     op->err = file_zero(p, op->offset, op->length, &op->skipped);
     break;
+  case EP_EXTENTS:
+    op->err = -file_extents(e, op);
+    break;
   case EP_FLUSH:
     if (!p->is_pipe && fdatasync(p->fd) < 0)
       op->err = errno;
@@ -280,38 +314,75 @@ file_work(struct work *w)
   ep_env_complete(e->env, op);
 }
 
-static int
-file_extents(struct endpoint *e, struct ep_op *op)
+/* Hands the prefetched extents to the caller's op, cut to what it asked
+ * for and has room for; the extents are contiguous from 0, so any prefix
+ * of them is a true answer. */
+static void
+file_prefetch_deliver(struct file_priv *p, struct ep_op *op)
+{
+  op->err = p->pf_op.err;
+  memcpy(op->errmsg, p->pf_op.errmsg, sizeof op->errmsg);
+  uint64_t covered = 0;
+  for (size_t i = 0; !op->err && i < p->pf_op.nextents &&
+                     op->nextents < op->max_extents && covered < op->length;
+       i++) {
+    struct endpoint_extent x = p->pf_ext[i];
+    if (x.length > op->length - covered)
+      x.length = op->length - covered;
+    op->extents[op->nextents++] = x;
+    covered += x.length;
+  }
+  p->pf_state = PF_USED;
+}
+
+/* The prefetch finished (on the loop thread, through the done queue). */
+static void
+file_prefetch_done(struct ep_op *pf)
+{
+  struct endpoint *e = pf->ep;
+  struct file_priv *p = e->priv;
+  p->pf_state = PF_DONE;
+  struct ep_op *op = p->pf_waiter;
+  p->pf_waiter = NULL;
+  if (op) {
+    file_prefetch_deliver(p, op);
+    op->done(op);
+  }
+}
+
+static void
+file_prefetch_start(struct endpoint *e)
 {
   struct file_priv *p = e->priv;
-  uint64_t off = op->offset, end = op->offset + op->length;
-  while (off < end && op->nextents < op->max_extents) {
-    struct endpoint_extent x;
-    int r = endpoint_file_extent(p->fd, off, e->size, &x);
-    if (r == -ENXIO) {
-      snprintf(op->errmsg, sizeof op->errmsg,
-               "the file is now shorter than the %llu bytes being copied",
-               (unsigned long long)e->size);
-      return -EIO;
-    }
-    if (r < 0)
-      return r;
-    op->extents[op->nextents++] = x;
-    off += x.length;
-  }
-  return 0;
+  p->pf_op = (struct ep_op){
+    .type = EP_EXTENTS, .offset = 0,
+    .length = e->size < ENDPOINT_STATUS_SPAN ? e->size : ENDPOINT_STATUS_SPAN,
+    .extents = p->pf_ext, .max_extents = FILE_PREFETCH_EXTENTS,
+    .done = file_prefetch_done, .ep = e };
+  p->pf_op.work.fn = file_work;
+  p->pf_state = PF_RUNNING;
+  workq_push(e->env->wq, &p->pf_op.work);
 }
 
 static int
 file_submit(struct endpoint *e, struct ep_op *op)
 {
-  if (op->type == EP_EXTENTS) {
-    op->err = -file_extents(e, op);
+  struct file_priv *p = e->priv;
+  if (op->type == EP_EXTENTS && op->offset == 0 &&
+      (p->pf_state == PF_RUNNING || p->pf_state == PF_DONE)) {
+    if (p->pf_state == PF_RUNNING) {
+      if (p->pf_waiter)
+        return -EBUSY;
+      p->pf_waiter = op;
+      return 0;
+    }
+    file_prefetch_deliver(p, op);
     ep_env_complete(e->env, op);
     return 0;
   }
-  if ((op->type == EP_READ && !e->readable) ||
-      (op->type != EP_READ && !e->writable))
+  bool reads = op->type == EP_READ || op->type == EP_EXTENTS;
+  if ((reads && !e->readable) || (!reads && !e->writable) ||
+      (op->type == EP_EXTENTS && !e->has_extents))
     return -EBADF;
   op->work.fn = file_work;
   workq_push(e->env->wq, &op->work);
@@ -423,6 +494,8 @@ file_open(struct ep_env *env, const char *spec, const struct endpoint_opts *o,
   e->has_extents = S_ISREG(st.st_mode);
   if (!o->write)
     e->file_fd = p->fd; /* regular file or device: sendfile can read it */
+  if (!o->write && e->has_extents && e->size > 0)
+    file_prefetch_start(e);
   *out = e;
   return 0;
 fail:
