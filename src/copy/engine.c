@@ -70,7 +70,9 @@ struct engine {
   bool src_eof;
 
   /* Pieces and buffers. */
-  struct cop *cops;
+  struct cop *cops;     /* ENG_MAX_COPS, handed out from the start as
+                           needed, so untouched ones cost no pages */
+  size_t cops_used;     /* cops[0..cops_used) have been handed out */
   struct cop *free_cops;
   unsigned active, data_active, zero_active;
   uint8_t **free_bufs;  /* pool of rsize buffers, owned by the engine */
@@ -574,7 +576,10 @@ static struct cop *
 eng_cop_take(struct engine *e, uint64_t len, bool zero)
 {
   struct cop *c = e->free_cops;
-  e->free_cops = c->next;
+  if (c)
+    e->free_cops = c->next;
+  else
+    c = &e->cops[e->cops_used++];
   memset(c, 0, sizeof *c);
   c->eng = e;
   c->offset = e->pos;
@@ -602,7 +607,7 @@ eng_issue_one(struct engine *e)
 {
   uint64_t len;
   bool zero;
-  if (e->failed || e->free_cops == NULL)
+  if (e->failed || (e->free_cops == NULL && e->cops_used == ENG_MAX_COPS))
     return false;
   if (e->src->sequential && e->src_busy)
     return false;
@@ -847,7 +852,7 @@ eng_local_busy(const struct engine *e)
   if ((e->ext_pending && !e->watched[0]) ||
       (e->flushing && !e->watched[1]))
     return true;
-  for (size_t i = 0; i < ENG_MAX_COPS; i++) {
+  for (size_t i = 0; i < e->cops_used; i++) {
     const struct cop *c = &e->cops[i];
     if ((c->state == COP_READING && !e->watched[0]) ||
         (c->state == COP_WRITING && !e->watched[1]))
@@ -979,7 +984,7 @@ eng_watchdog(struct engine *e)
   if (!suspect)
     return; /* every endpoint replied recently: the common case */
   struct eng_oldest w[2] = { { 0 }, { 0 } };
-  for (size_t i = 0; i < ENG_MAX_COPS; i++) {
+  for (size_t i = 0; i < e->cops_used; i++) {
     const struct cop *c = &e->cops[i];
     if (c->state == COP_READING)
       eng_oldest_note(&w[0], c->t_sub_us, eng_op_name(c->rop.type),
@@ -1085,10 +1090,6 @@ eng_setup(struct engine *e)
   e->cops = calloc(ENG_MAX_COPS, sizeof *e->cops);
   if (e->free_bufs == NULL || e->cops == NULL)
     return -ENOMEM;
-  for (int i = ENG_MAX_COPS - 1; i >= 0; i--) {
-    e->cops[i].next = e->free_cops;
-    e->free_cops = &e->cops[i];
-  }
   bool zero_writes = e->dst && (o->allocated || !e->dst->can_zero);
   e->zero_max = zero_writes ? e->rsize : ENDPOINT_ZERO_MAX;
   if (zero_writes && (e->zero_buf = calloc(1, (size_t)e->rsize)) == NULL)
@@ -1125,7 +1126,7 @@ eng_teardown(struct engine *e)
 {
   /* Abandoned pieces still hold buffers; only a silent endpoint, whose
    * connections are closed without calling done, borrows them. */
-  for (size_t i = 0; e->abandoned && i < ENG_MAX_COPS; i++)
+  for (size_t i = 0; e->abandoned && i < e->cops_used; i++)
     if (e->cops[i].state != COP_FREE)
       free(e->cops[i].buf);
   for (size_t i = 0; i < e->nfree_bufs; i++)
