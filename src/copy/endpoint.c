@@ -368,11 +368,12 @@ static int
 file_submit(struct endpoint *e, struct ep_op *op)
 {
   struct file_priv *p = e->priv;
+  /* A second lookup at 0 while the prefetch has a waiter takes the
+   * ordinary path (the engine asks one at a time, so it does not). */
   if (op->type == EP_EXTENTS && op->offset == 0 &&
-      (p->pf_state == PF_RUNNING || p->pf_state == PF_DONE)) {
+      (p->pf_state == PF_DONE ||
+       (p->pf_state == PF_RUNNING && p->pf_waiter == NULL))) {
     if (p->pf_state == PF_RUNNING) {
-      if (p->pf_waiter)
-        return -EBUSY;
       p->pf_waiter = op;
       return 0;
     }

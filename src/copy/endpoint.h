@@ -174,6 +174,9 @@ struct endpoint_opts {
 int endpoint_open(struct ep_env *env, const char *spec,
                   const struct endpoint_opts *o, struct endpoint **out,
                   char *err, size_t errlen);
+/* Frees E. Its env's workers must have been joined first (ep_env_fini):
+ * a file source's first extents lookup may still be queued on them, and
+ * its completion is never drained after that. */
 void endpoint_close(struct endpoint *e);
 static inline int
 endpoint_submit(struct endpoint *e, struct ep_op *op)

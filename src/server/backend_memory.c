@@ -246,8 +246,16 @@ backend_memory_open(struct export *e, uint64_t size)
   m->bits = calloc((size_t)(chunks / 64 + 1), sizeof *m->bits);
   if (m->bits == NULL)
     return -ENOMEM;
+  /* Writers first: with glibc's default, pipelined READs spanning many
+   * regions could keep a WRITE or TRIM waiting for as long as they come.
+   * Safe here because no request takes a lock twice. */
+  pthread_rwlockattr_t attr;
+  pthread_rwlockattr_init(&attr);
+  pthread_rwlockattr_setkind_np(&attr,
+                                PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
   for (int i = 0; i < MEM_NLOCKS; i++)
-    pthread_rwlock_init(&m->locks[i], NULL);
+    pthread_rwlock_init(&m->locks[i], &attr);
+  pthread_rwlockattr_destroy(&attr);
   m->locks_ready = true;
   if (m->mapped_len) {
     m->base = mmap(NULL, m->mapped_len, PROT_READ | PROT_WRITE,

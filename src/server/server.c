@@ -834,9 +834,20 @@ server_write_pidfile(const char *path)
   char tmp[4096];
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
   FILE *f = fopen(tmp, "w");
-  if (f == NULL || fprintf(f, "%ld\n", (long)getpid()) < 0 || fclose(f) != 0 ||
-      rename(tmp, path) < 0) {
-    int err = errno;
+  int err = 0;
+  if (f == NULL)
+    err = errno;
+  else {
+    if (fprintf(f, "%ld\n", (long)getpid()) < 0)
+      err = errno ? errno : EIO;
+    if (fclose(f) != 0 && err == 0)
+      err = errno;
+    if (err == 0 && rename(tmp, path) < 0)
+      err = errno;
+    if (err)
+      unlink(tmp);
+  }
+  if (err) {
     log_error("cannot write pid file %s: %s", path, strerror(err));
     return -err;
   }
@@ -920,7 +931,7 @@ server_cleanup(struct server *s)
     close(s->listen_fds[i]);
   if (s->cfg.unix_path)
     unlink(s->cfg.unix_path);
-  if (s->cfg.pidfile)
+  if (s->wrote_pidfile)
     unlink(s->cfg.pidfile);
   for (int i = 0; i < s->nexports; i++)
     export_close(s->exports[i]);
@@ -1012,8 +1023,11 @@ server_run(struct server_config *cfg, char **export_args, int nexports)
     goto cleanup;
   }
 
-  if (cfg->pidfile && server_write_pidfile(cfg->pidfile) < 0)
-    goto cleanup;
+  if (cfg->pidfile) {
+    if (server_write_pidfile(cfg->pidfile) < 0)
+      goto cleanup;
+    s.wrote_pidfile = true;
+  }
   for (int i = 0; i < s.nexports; i++)
     log_info("export \"%s\": %s, %llu bytes%s", s.exports[i]->name,
              s.exports[i]->ops->kind, (unsigned long long)s.exports[i]->size,

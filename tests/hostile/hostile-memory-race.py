@@ -84,4 +84,5 @@ def main(server):
 
 
 if __name__ == "__main__":
-    run(main, exports=("memory:%d" % SIZE,))
+    run(main, exports=("memory:%d" % SIZE,),
+        extra=("--loops", "2", "--threads", "4"))
