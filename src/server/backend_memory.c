@@ -7,8 +7,8 @@
  * because requests from several threads may touch one word.
  *
  * Requests run on several worker threads at once. Reads share and writes,
- * zeroes and trims exclude each other per MEM_LOCK_SPAN region, through a
- * fixed set of MEM_NLOCKS locks that the regions map onto round robin. So
+ * zeroes and trims exclude each other per 1 MiB region (MEM_LOCK_SHIFT),
+ * through MEM_NLOCKS locks that the regions map onto round robin. So
  * two requests that touch the same bytes never copy at the same time (the
  * spec leaves their result open, but a C data race is undefined), and a
  * trim cannot clear a chunk's bit after a racing write has filled it

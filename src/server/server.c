@@ -1017,7 +1017,8 @@ server_run(struct server_config *cfg, char **export_args, int nexports)
   /* The stop signals are blocked: without this descriptor SIGTERM would
    * never reach the server. */
   sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
-  r = sfd < 0 ? -errno : loop_add(main_loop, sfd, EPOLLIN, server_on_signal, &s);
+  r = sfd < 0 ? -errno
+              : loop_add(main_loop, sfd, EPOLLIN, server_on_signal, &s);
   if (r < 0) {
     log_error("cannot watch SIGINT and SIGTERM: %s", strerror(-r));
     goto cleanup;
