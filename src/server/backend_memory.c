@@ -31,8 +31,7 @@ struct mem_priv {
   uint8_t *base;   /* mapping of mapped_len bytes */
   size_t mapped_len;
   uint64_t *bits;  /* one bit per chunk: 1 = allocated */
-  pthread_rwlock_t locks[MEM_NLOCKS];
-  bool locks_ready;
+  pthread_rwlock_t locks[MEM_NLOCKS]; /* set up first, so close may free */
 };
 
 /* The locks that cover [off, off + len), len > 0, as a mask. */
@@ -213,9 +212,8 @@ mem_close(struct export *e)
     return;
   if (m->base && m->base != MAP_FAILED)
     munmap(m->base, m->mapped_len);
-  if (m->locks_ready)
-    for (int i = 0; i < MEM_NLOCKS; i++)
-      pthread_rwlock_destroy(&m->locks[i]);
+  for (int i = 0; i < MEM_NLOCKS; i++)
+    pthread_rwlock_destroy(&m->locks[i]);
   free(m->bits);
   free(m);
 }
@@ -238,14 +236,6 @@ backend_memory_open(struct export *e, uint64_t size)
   struct mem_priv *m = calloc(1, sizeof *m);
   if (m == NULL)
     return -ENOMEM;
-  e->ops = &backend_memory_ops;
-  e->priv = m;
-  e->size = size;
-  uint64_t chunks = (size + MEM_CHUNK - 1) >> MEM_CHUNK_SHIFT;
-  m->mapped_len = (size_t)(chunks << MEM_CHUNK_SHIFT);
-  m->bits = calloc((size_t)(chunks / 64 + 1), sizeof *m->bits);
-  if (m->bits == NULL)
-    return -ENOMEM;
   /* Writers first: with glibc's default, pipelined READs spanning many
    * regions could keep a WRITE or TRIM waiting for as long as they come.
    * Safe here because no request takes a lock twice. */
@@ -256,7 +246,14 @@ backend_memory_open(struct export *e, uint64_t size)
   for (int i = 0; i < MEM_NLOCKS; i++)
     pthread_rwlock_init(&m->locks[i], &attr);
   pthread_rwlockattr_destroy(&attr);
-  m->locks_ready = true;
+  e->ops = &backend_memory_ops;
+  e->priv = m;
+  e->size = size;
+  uint64_t chunks = (size + MEM_CHUNK - 1) >> MEM_CHUNK_SHIFT;
+  m->mapped_len = (size_t)(chunks << MEM_CHUNK_SHIFT);
+  m->bits = calloc((size_t)(chunks / 64 + 1), sizeof *m->bits);
+  if (m->bits == NULL)
+    return -ENOMEM;
   if (m->mapped_len) {
     m->base = mmap(NULL, m->mapped_len, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
