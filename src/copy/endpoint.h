@@ -138,6 +138,9 @@ struct endpoint {
   bool can_zero;      /* ZERO is supported (else write zeroes) */
   bool can_flush;
   uint32_t align;     /* offsets and lengths must be multiples */
+  uint32_t min_block; /* the server's minimum block size: every request's
+                         offset and length must be a multiple (NBD; 0 or
+                         1: none) */
   uint64_t max_request; /* largest READ or WRITE */
   uint64_t opening_request; /* a first READ or WRITE this large (capped
                                by max_request) helps; 0: no preference */

@@ -337,6 +337,13 @@ nbd_submit(struct endpoint *e, struct ep_op *op)
   default:
     return -EINVAL;
   }
+  uint32_t min = s->c.info.min_block;
+  if (min > 1 && op->type != EP_EXTENTS &&
+      (r->offset % min || r->length % min)) {
+    snprintf(op->errmsg, sizeof op->errmsg, "not a multiple of the "
+             "server's minimum block size %u", min);
+    return -EINVAL;
+  }
   int err = client_submit(&s->c, r);
   nbd_update_interest(s);
   return err;
@@ -796,6 +803,7 @@ endpoint_open_nbd(struct ep_env *env, const char *spec,
                                                  : ENDPOINT_ALIGN_CAP;
   if (e->align < in->min_block)
     e->align = in->min_block;
+  e->min_block = in->min_block;
   e->max_request = in->max_block < (32u << 20) ? in->max_block : 32u << 20;
   e->opening_request = ENDPOINT_OPENING_REQUEST;
   e->connections = 1; /* nbd_join_one counts the later ones */

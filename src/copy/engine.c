@@ -319,7 +319,7 @@ eng_write(struct engine *e, struct cop *c)
   if (r < 0) {
     e->dst_busy--;
     eng_fail(e, w->type == EP_ZERO ? "zeroing" : "write to", e->dst,
-             c->offset, c->length, -r, NULL);
+             c->offset, c->length, -r, w->errmsg);
     eng_cop_release(e, c);
   }
 }
@@ -670,7 +670,7 @@ eng_issue_one(struct engine *e)
   int r = endpoint_submit(e->src, &c->rop);
   if (r < 0) {
     e->src_busy--;
-    eng_fail(e, "read from", e->src, c->offset, len, -r, NULL);
+    eng_fail(e, "read from", e->src, c->offset, len, -r, c->rop.errmsg);
     eng_cop_release(e, c);
   }
   return true;
@@ -1060,10 +1060,15 @@ eng_setup(struct engine *e)
   e->rsize = o->request_size ? o->request_size : COPY_DEFAULT_REQUEST;
   if (e->rsize > maxreq)
     e->rsize = maxreq;
-  if (e->rsize >= e->align)
+  if (e->rsize >= e->align) {
     e->rsize = e->rsize / e->align * e->align;
-  else
-    e->align = e->rsize; /* tiny request sizes: trust the user */
+  } else { /* tiny request sizes: trust the user, within the servers' minimum */
+    uint64_t m = e->src->min_block > 1 ? e->src->min_block : 1;
+    if (e->dst && e->dst->min_block > m)
+      m = e->dst->min_block; /* powers of two: the larger covers both */
+    e->rsize = (e->rsize + m - 1) / m * m;
+    e->align = e->rsize;
+  }
   e->adaptive = o->inflight == 0;
   e->window = o->inflight ? o->inflight
                           : COPY_WINDOW_FLOOR_REQUESTS * e->rsize;

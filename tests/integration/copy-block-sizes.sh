@@ -5,7 +5,8 @@
 # are not (the server may describe less than was asked); pieces are
 # multiples of the preferred size where possible; and an export whose
 # size is not a multiple of its minimum cannot be copied (its last bytes
-# cannot be addressed), which must fail up front, loudly. Destinations run
+# cannot be addressed), which must fail up front, loudly; so must a source
+# that would end inside a destination's minimum block. Destinations run
 # nbdkit's blocksize-policy filter, which fails any request that breaks
 # the limits, and every copy is compared with its source.
 set -euo pipefail
@@ -114,4 +115,37 @@ assert r["request_size"] >= 4096 and r["requests"] < 100, r
 PY
 cmp -n $((4 << 20)) "$TMP/m0.img" "$TMP/want.img" ||
     fail "copy from the maximum-0 server differs"
+# 5. A source that ends inside a block of a larger destination with a
+#    512-byte minimum: the partial block cannot be written without reading
+#    it first, so the copy refuses up front, with a line that says why,
+#    and writes nothing.
+strict "$TMP/d5.sock" 512 4096 65536
+head -c 513 /dev/urandom >"$TMP/s513.img"
+rc=0
+"$NBDFLOW" copy "$TMP/s513.img" "nbd+unix:///?socket=$TMP/d5.sock" \
+    2>"$TMP/err" || rc=$?
+[ "$rc" -ne 0 ] || fail "copy of 513 bytes into a 512-minimum export exited 0"
+grep -q "takes whole blocks of 512 bytes; .*s513.img (513 bytes) is not a multiple" \
+    "$TMP/err" || fail "513 bytes: $(cat "$TMP/err")"
+[ "$(wc -l <"$TMP/err")" -eq 1 ] || fail "513 bytes: more than one line"
+if grep -qE " (Write|Zero|Trim) " "$TMP/d5.sock.log"; then
+    fail "the refused copy wrote to the destination"
+fi
+note "ok: refused up front: $(cat "$TMP/err")"
+
+# 6. A request size below the minimum block size and not a multiple of
+#    it: requests are rounded up to the minimum, and the copy succeeds.
+head -c $((1 << 20)) /dev/urandom >"$TMP/s1m.img"
+"$NBDFLOW" copy --json --request-size 1000 "$TMP/s1m.img" \
+    "nbd+unix:///?socket=$TMP/d5.sock" >"$TMP/r1000.json" ||
+    fail "copy with --request-size 1000 into a 512-minimum export"
+python3 - "$TMP/r1000.json" <<'PY' || fail "request size: $(cat "$TMP/r1000.json")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["request_size"] == 1024, r
+PY
+"$NBDFLOW" copy "nbd+unix:///?socket=$TMP/d5.sock" "$TMP/d5.img" ||
+    fail "reading the 512-minimum export back failed"
+cmp -n $((1 << 20)) "$TMP/s1m.img" "$TMP/d5.img" ||
+    fail "copy with --request-size 1000 differs"
 echo "PASS"
