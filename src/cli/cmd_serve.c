@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli/cmd.h"
+#include "proto/nbd.h"
 #include "server/server.h"
 #include "util/log.h"
 
@@ -33,6 +34,8 @@ serve_usage(FILE *f)
 "      --threads N            worker threads for export I/O (default 8)\n"
 "      --loops N              event-loop threads that read and answer\n"
 "                             clients (default: one per CPU, at most %d)\n"
+"  -D, --description TEXT     a description of the exports, sent to clients\n"
+"                             that ask for it (nbdinfo shows it)\n"
 "  -P, --pidfile FILE         write the pid to FILE once listening\n"
 "      --stats                sample TCP_INFO every 200 ms and log a summary\n"
 "                             per connection when it closes (stall %%, bytes\n"
@@ -122,6 +125,7 @@ cmd_serve(int argc, char **argv)
     { "handshake-timeout", required_argument, NULL, OPT_HSTIMEOUT },
     { "threads", required_argument, NULL, OPT_THREADS },
     { "loops", required_argument, NULL, OPT_LOOPS },
+    { "description", required_argument, NULL, 'D' },
     { "pidfile", required_argument, NULL, 'P' },
     { "stats", no_argument, NULL, OPT_STATS },
     { "tls", required_argument, NULL, OPT_TLS },
@@ -141,7 +145,7 @@ cmd_serve(int argc, char **argv)
   int c, r = 0;
 
   optind = 1;
-  while ((c = getopt_long(argc, argv, "l:u:rP:vqh", opts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "l:u:rD:P:vqh", opts, NULL)) != -1) {
     switch (c) {
     case 'l':
       cfg.listen = optarg;
@@ -168,6 +172,13 @@ cmd_serve(int argc, char **argv)
       break;
     case OPT_LOOPS:
       r = serve_int("--loops", optarg, 1, SERVER_MAX_LOOPS, &cfg.loops);
+      break;
+    case 'D':
+      if (strlen(optarg) > NBD_MAX_STRING) {
+        log_error("--description: longer than %d bytes", NBD_MAX_STRING);
+        r = -1;
+      }
+      cfg.description = optarg;
       break;
     case 'P':
       cfg.pidfile = optarg;

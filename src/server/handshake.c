@@ -41,8 +41,14 @@ handshake_flush(struct conn *c)
     if (n == -EAGAIN)
       break;
     if (n < 0) {
-      log_warn("%s: client gone during the handshake (send: %s)", c->peer,
-               strerror((int)-n));
+      /* After a refusal the client often just leaves: the refusal's line
+       * already says what went wrong. */
+      if (c->nlogged > 0)
+        log_debug("%s: client gone during the handshake (send: %s)",
+                  c->peer, strerror((int)-n));
+      else
+        log_warn("%s: client gone during the handshake (send: %s)",
+                 c->peer, strerror((int)-n));
       return -1;
     }
     memmove(c->hs_out, c->hs_out + n, c->hs_out_len - (size_t)n);
@@ -118,8 +124,14 @@ opt_error(struct conn *c, uint32_t type, const char *fmt, ...)
     n = 0;
   if ((size_t)n >= sizeof msg)
     n = sizeof msg - 1;
-  conn_log(c, "option %s: %s: %s", wire_opt_name(c->opt.option),
-         wire_rep_name(type), msg);
+  /* Clients ask INFO, then GO, for the same missing export: one line. */
+  uint32_t h = 2166136261u ^ type;
+  for (int i = 0; i < n; i++)
+    h = (h ^ (uint8_t)msg[i]) * 16777619u;
+  if (c->nlogged == 0 || h != c->last_refusal)
+    conn_log(c, "option %s: %s: %s", wire_opt_name(c->opt.option),
+             wire_rep_name(type), msg);
+  c->last_refusal = h;
   opt_reply(c, type, msg, (size_t)n);
 }
 

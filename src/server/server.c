@@ -408,7 +408,9 @@ conn_read(struct conn *c)
       return;
     }
     if (n == 0) {
-      if (c->state <= CS_OPT_DISCARD)
+      if (c->state <= CS_OPT_DISCARD && c->nlogged > 0)
+        log_debug("%s: client disconnected during the handshake", c->peer);
+      else if (c->state <= CS_OPT_DISCARD)
         log_warn("%s: client disconnected during the handshake", c->peer);
       else if (c->cur)
         log_warn("%s: client disconnected in the middle of a %s request",
@@ -968,6 +970,9 @@ server_run(struct server_config *cfg, char **export_args, int nexports)
     if (export_open(export_args[i], cfg->read_only, &s.exports[i]) < 0)
       goto cleanup;
     s.nexports++;
+    if (cfg->description &&
+        (s.exports[i]->description = strdup(cfg->description)) == NULL)
+      goto cleanup;
     for (int j = 0; j < i; j++)
       if (strcmp(s.exports[j]->name, s.exports[i]->name) == 0) {
         log_error("export name \"%s\" given twice", s.exports[i]->name);

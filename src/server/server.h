@@ -62,6 +62,7 @@ struct server_config {
   int threads;
   int loops;            /* event-loop threads; 0: one per CPU */
   const char *pidfile;
+  const char *description; /* of every export; NULL: none */
   bool stats;
   enum tls_mode tls_mode;
   struct tls_server_config tls;
@@ -179,6 +180,7 @@ struct conn {
   size_t need, have;
   uint8_t msg[64]; /* the fixed-size message being read */
   int nlogged;     /* bad-input lines logged, to cap a flood */
+  uint32_t last_refusal; /* hash of the last option refusal logged */
 
   /* Handshake state. */
   uint32_t cflags;

@@ -39,6 +39,7 @@ common=(
     'doc["protocol"] == "newstyle-fixed"'
     'doc["structured"] is True'
     '"base:allocation" in e.get("contexts", [])'
+    '"description" not in e'
 )
 
 nbdinfo --json "$URI" >"$TMP/default.json" || fail "nbdinfo of the default export"
@@ -50,13 +51,28 @@ check_json "$TMP/nul.json" 'e["export-size"] == 1024 ** 3' "${common[@]}"
 check_fails "nbdinfo of an unknown export fails" \
     nbdinfo --json "$URI/no-such-export" >/dev/null
 serve_stop
+# The client asks INFO, then GO, then leaves: one line says why.
+[ "$(grep -c 'no export "no-such-export"' "$SERVER_LOG")" = 1 ] ||
+    fail "unknown export: not one line: $(cat "$SERVER_LOG")"
+! grep -q "during the handshake" "$SERVER_LOG" ||
+    fail "unknown export: a second line: $(cat "$SERVER_LOG")"
 
-serve_tcp --read-only "$TMP/disk.img" mem=memory:1M
+# Read-only, with a description (NBD_INFO_DESCRIPTION) for every export.
+desc='Backup of vm-17, 2026 (ünïcode)'
+serve_tcp --read-only --description "$desc" "$TMP/disk.img" mem=memory:1M
 nbdinfo --json "$URI" >"$TMP/ro.json" || fail "nbdinfo, read-only"
 check_json "$TMP/ro.json" 'e["is_read_only"] is True' \
-    'e["export-size"] == 8 * 1024 * 1024'
+    'e["export-size"] == 8 * 1024 * 1024' \
+    "e.get('description') == '$desc'"
 nbdinfo --json "$URI/mem" >"$TMP/ro-mem.json" || fail "nbdinfo mem, read-only"
 check_json "$TMP/ro-mem.json" 'e["is_read_only"] is True' \
-    'e["export-size"] == 1024 * 1024'
+    'e["export-size"] == 1024 * 1024' "e.get('description') == '$desc'"
+nbdinfo --list --json "$URI" >"$TMP/list.json" || fail "nbdinfo --list"
+python3 - "$TMP/list.json" "$desc" <<'PY' || fail "descriptions in LIST"
+import json, sys
+doc = json.load(open(sys.argv[1]))
+got = [e.get("description") for e in doc["exports"]]
+assert got == [sys.argv[2]] * 2, got
+PY
 serve_stop
 echo "PASS: nbdinfo --json sizes and flags"
