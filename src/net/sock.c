@@ -310,28 +310,51 @@ sock_is_unix(int fd)
   return sock_family(fd) == AF_UNIX;
 }
 
+/* "host:port" ("[host]:port" for IPv6) of ss, or other when it is not
+ * an IP address. */
+static void
+sock_format(const struct sockaddr_storage *ss, char *buf, size_t len,
+            const char *other)
+{
+  char host[INET6_ADDRSTRLEN];
+  if (ss->ss_family == AF_INET) {
+    const struct sockaddr_in *in = (const struct sockaddr_in *)ss;
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+    snprintf(buf, len, "%s:%u", host, ntohs(in->sin_port));
+  } else if (ss->ss_family == AF_INET6) {
+    const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)ss;
+    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+    snprintf(buf, len, "[%s]:%u", host, ntohs(in6->sin6_port));
+  } else {
+    snprintf(buf, len, "%s", other);
+  }
+}
+
 void
 sock_peer_name(int fd, char *buf, size_t len)
 {
   struct sockaddr_storage ss;
   socklen_t sl = sizeof ss;
-  char host[INET6_ADDRSTRLEN];
+  char other[32];
 
   if (getpeername(fd, (struct sockaddr *)&ss, &sl) < 0) {
     snprintf(buf, len, "fd %d", fd);
     return;
   }
-  if (ss.ss_family == AF_INET) {
-    struct sockaddr_in *in = (struct sockaddr_in *)&ss;
-    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
-    snprintf(buf, len, "%s:%u", host, ntohs(in->sin_port));
-  } else if (ss.ss_family == AF_INET6) {
-    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
-    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
-    snprintf(buf, len, "[%s]:%u", host, ntohs(in6->sin6_port));
-  } else {
-    snprintf(buf, len, "unix client (fd %d)", fd);
-  }
+  snprintf(other, sizeof other, "unix client (fd %d)", fd);
+  sock_format(&ss, buf, len, other);
+}
+
+void
+sock_local_name(int fd, char *buf, size_t len)
+{
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+
+  if (getsockname(fd, (struct sockaddr *)&ss, &sl) < 0)
+    snprintf(buf, len, "fd %d", fd);
+  else
+    sock_format(&ss, buf, len, "a unix socket");
 }
 
 ssize_t

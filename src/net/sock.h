@@ -61,5 +61,7 @@ size_t sock_pipe_max_size(void);
 void sock_pipe_drain(int fd);
 /* "host:port" or "unix:path" of the peer, for log lines. */
 void sock_peer_name(int fd, char *buf, size_t len);
+/* The same for the socket's own address: a listener's real port. */
+void sock_local_name(int fd, char *buf, size_t len);
 
 #endif

@@ -32,8 +32,13 @@ export_open_target(struct export *e, const char *arg, const char *target)
     log_error("export \"%s\": size %s too large", arg, sz);
     return -EFBIG;
   }
-  if (kind[0] == 'm')
-    return backend_memory_open(e, size);
+  if (kind[0] == 'm') {
+    r = backend_memory_open(e, size);
+    if (r < 0)
+      log_error("export \"%s\": cannot reserve %s of memory: %s", arg, sz,
+                strerror(-r));
+    return r;
+  }
   return backend_null_open(e, size);
 }
 
@@ -60,7 +65,8 @@ export_open(const char *arg, bool read_only, struct export **out)
     return -ENOMEM;
   }
   if (strlen(e->name) > NBD_MAX_STRING) {
-    log_error("export name longer than %d bytes", NBD_MAX_STRING);
+    log_error("export \"%.40s...\": name longer than %d bytes", e->name,
+              NBD_MAX_STRING);
     export_close(e);
     return -ENAMETOOLONG;
   }

@@ -2,6 +2,7 @@
  * every connection. See server.h for the threading rules. */
 #include "server.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -784,6 +785,11 @@ server_listen(struct server *s)
   int n = sock_activation_fds(s->listen_fds, SERVER_MAX_LISTEN);
   if (n > 0) {
     s->nlisten = n;
+    if (s->cfg.listen || s->cfg.unix_path)
+      log_warn("ignoring %s %s: listening on the socket(s) passed by the "
+               "service manager instead",
+               s->cfg.listen ? "--listen" : "--unix",
+               s->cfg.listen ? s->cfg.listen : s->cfg.unix_path);
     log_info("listening on %d socket(s) passed by the service manager", n);
     return 0;
   }
@@ -801,7 +807,15 @@ server_listen(struct server *s)
   const char *spec = s->cfg.listen ? s->cfg.listen : "127.0.0.1";
   char host[256], port[32];
   if (sock_split_hostport(spec, host, port, "10809") < 0) {
-    log_error("bad --listen address \"%s\"", spec);
+    log_error("bad --listen address \"%s\": want HOST:PORT, [IPV6]:PORT "
+              "or HOST", spec);
+    return -EINVAL;
+  }
+  char *end;
+  unsigned long pn = strtoul(port, &end, 10);
+  if (!isdigit((unsigned char)port[0]) || *end || pn > 65535) {
+    log_error("bad --listen address \"%s\": the port must be a number "
+              "from 0 to 65535 (0: any free port)", spec);
     return -EINVAL;
   }
   n = sock_listen_tcp(host, port, s->listen_fds, SERVER_MAX_LISTEN);
@@ -810,7 +824,11 @@ server_listen(struct server *s)
     return n;
   }
   s->nlisten = n;
-  log_info("listening on %s port %s", host[0] ? host : "*", port);
+  for (int i = 0; i < n; i++) { /* the real port, also for port 0 */
+    char name[64];
+    sock_local_name(s->listen_fds[i], name, sizeof name);
+    log_info("listening on %s", name);
+  }
   return 0;
 }
 

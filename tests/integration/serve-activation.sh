@@ -1,7 +1,8 @@
 #!/bin/bash
 # Socket activation: the server takes a listening socket passed as fd 3
 # with LISTEN_FDS/LISTEN_PID, as a service manager would, serves on it, and
-# a copy through it is verified.
+# a copy through it is verified. A --listen given as well is ignored, with
+# a warning.
 . "$(dirname "$0")/lib.sh"
 need nbdcopy libnbd-bin
 need python3 python3
@@ -23,7 +24,7 @@ os.set_inheritable(3, True)
 env = dict(os.environ, LISTEN_FDS="1", LISTEN_PID=str(os.getpid()))
 log = os.open(logpath, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 os.dup2(log, 2)
-os.execve(binary, [binary, "serve", image], env)
+os.execve(binary, [binary, "serve", "--listen", "127.0.0.1:1", image], env)
 PY
 pid=$!
 on_exit "kill $pid 2>/dev/null; wait $pid 2>/dev/null"
@@ -37,5 +38,7 @@ check "copy through the activated socket" \
     nbdcopy "$TMP/src.img" "nbd+unix:///?socket=$sock"
 same "$TMP/src.img" "$TMP/target.img"
 grep -q "listening on 127.0.0.1" "$TMP/serve.log" &&
-    fail "server also opened its default TCP listener"
+    fail "server also opened a TCP listener"
+grep -q "ignoring --listen 127.0.0.1:1: listening on the socket(s) passed" \
+    "$TMP/serve.log" || fail "--listen was dropped without a word"
 echo "PASS: socket activation"

@@ -1,0 +1,42 @@
+#!/bin/bash
+# Bad serve arguments fail the start with one line that names the
+# argument and a non-zero exit: ports out of range or not numbers, memory
+# that cannot be reserved, a description too long. Port 0 takes a free
+# port, and the log names the port actually bound (a client connects to
+# it).
+. "$(dirname "$0")/lib.sh"
+need nbdinfo libnbd-bin
+tmpdir_make
+
+# refuse WANT ARGS...: "serve ARGS" exits non-zero (not by the timeout)
+# with one line on stderr matching the extended regex WANT.
+refuse () {
+    local want=$1 rc=0; shift
+    timeout 20 "$NBDFLOW" serve "$@" >"$TMP/out" 2>"$TMP/err" || rc=$?
+    [ "$rc" != 0 ] && [ "$rc" != 124 ] ||
+        fail "serve $*: exit status $rc (want a failure)"
+    [ "$(wc -l <"$TMP/err")" = 1 ] || fail "serve $*: $(cat "$TMP/err")"
+    grep -qE "$want" "$TMP/err" || fail "serve $*: $(cat "$TMP/err")"
+    note "ok: serve $*: $(cat "$TMP/err")"
+}
+
+for port in 99999 65536 http -5; do
+    refuse "bad --listen address \"127.0.0.1:$port\": the port must be a number from 0 to 65535" \
+        --listen "127.0.0.1:$port" null:1M
+done
+refuse 'bad --listen address "127.0.0.1:": want HOST:PORT' \
+    --listen 127.0.0.1: null:1M
+refuse 'export "memory:100T": cannot reserve 100T of memory: ' memory:100T
+refuse '^nbdflow: error: --description: longer than 4096 bytes$' \
+    --description "$(head -c 4097 /dev/zero | tr '\0' d)" null:1M
+
+# Port 0: the kernel picks a port; the log says which, and it serves.
+serve_start --listen 127.0.0.1:0 null:1M
+port=$(sed -n 's/^nbdflow: listening on 127\.0\.0\.1:\([0-9]*\)$/\1/p' \
+       "$SERVER_LOG")
+[ -n "$port" ] && [ "$port" -gt 0 ] ||
+    fail "no bound port in the log: $(cat "$SERVER_LOG")"
+[ "$(nbdinfo --size "nbd://127.0.0.1:$port")" = $((1 << 20)) ] ||
+    fail "nothing serves on the logged port $port"
+serve_stop
+echo "PASS: serve arguments"
