@@ -481,12 +481,12 @@ conn_setup_socket(struct server *s, struct conn *c)
    * reply at a fraction of its speed. */
   int eff = 0;
   if (sock_set_sndbuf(c->fd, SERVER_UNIX_SNDBUF, &eff) == 0 &&
-      eff * 2 < SERVER_UNIX_SNDBUF &&
+      eff < SERVER_UNIX_SNDBUF &&
       !__atomic_exchange_n(&s->warned_sndbuf, true, __ATOMIC_RELAXED)) {
     log_warn("unix socket send buffer clipped to %d bytes (asked %d); "
-             "raise net.core.wmem_max", eff * 2, SERVER_UNIX_SNDBUF);
+             "raise net.core.wmem_max", eff, SERVER_UNIX_SNDBUF);
   }
-  log_debug("unix socket send buffer %d bytes", eff * 2);
+  log_debug("unix socket send buffer %d bytes", eff);
 }
 
 /* Takes up an accepted socket on the loop sl, from sl's thread. Its

@@ -16,6 +16,37 @@ serve_start --unix "$sock" "$TMP/target.img" mem=memory:16M
     fail "nbdinfo size over the Unix socket"
 nbdcopy "$TMP/src.img" "nbd+unix:///?socket=$sock" || fail "nbdcopy in"
 same "$TMP/src.img" "$TMP/target.img"
+
+# The server's end of a Unix connection gets a 2 MiB send buffer (the
+# kernel reports twice the size asked for), or, where net.core.wmem_max
+# is lower, as much as that allows and a warning that names the limit.
+need ss iproute2
+python3 -c 'import socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+time.sleep(3)' "$sock" &
+holder=$!
+wmax=$(cat /proc/sys/net/core/wmem_max)
+want=$((2 << 20)); [ "$wmax" -ge "$want" ] || want=$wmax
+tb=
+for ((i = 0; i < 50; i++)); do
+    tb=$(ss -xmpn 2>/dev/null | grep -A1 "pid=$SERVER_PID," |
+         grep -o 'tb[0-9]*' | head -n1 | tr -d tb) || true
+    [ -z "$tb" ] || break
+    sleep 0.05
+done
+wait "$holder"
+[ -n "$tb" ] || fail "no Unix connection of the server's in ss -xmp"
+[ "$tb" -ge $((2 * want)) ] ||
+    fail "server-side send buffer $tb bytes (kernel figure), want $((2 * want))"
+if [ "$wmax" -lt $((2 << 20)) ]; then
+    grep -q "send buffer clipped to $wmax bytes" "$SERVER_LOG" ||
+        fail "clipped send buffer not logged: $(cat "$SERVER_LOG")"
+else
+    ! grep -q "clipped" "$SERVER_LOG" || fail "a clip was logged needlessly"
+fi
+note "ok: server send buffer $tb (kernel figure), wmem_max $wmax"
+same "$TMP/src.img" "$TMP/target.img"
 nbdcopy --connections=4 "$TMP/src.img" "nbd+unix:///mem?socket=$sock" ||
     fail "nbdcopy into mem"
 nbdcopy "nbd+unix:///mem?socket=$sock" "$TMP/out.img" || fail "nbdcopy out"
