@@ -314,7 +314,8 @@ info_print_nbd(const struct client_conn *c, const char *uri, bool json)
     printf(",\n\t\"transmission_flags\": %u", f);
     printf(",\n\t\"export-size\": %llu,\n\t\"export-size-str\": \"%s\"\n\t} "
            "]\n}\n",
-           (unsigned long long)in->size, size_format(in->size, sz, sizeof sz));
+           (unsigned long long)in->size,
+           size_format_exact(in->size, sz, sizeof sz));
   } else {
     if (in->has_block_size)
       printf("\tblock_size_minimum: %u\n\tblock_size_preferred: %u\n"
@@ -377,7 +378,7 @@ info_file(const struct info_args *a)
     info_json_str(a->target);
     printf(",\n\t\"export-size\": %llu,\n\t\"export-size-str\": \"%s\"\n\t} "
            "]\n}\n",
-           (unsigned long long)size, size_format(size, sz, sizeof sz));
+           (unsigned long long)size, size_format_exact(size, sz, sizeof sz));
   } else
     printf("file: %s\n\texport-size: %llu (%s)\n", a->target,
            (unsigned long long)size, size_format(size, sz, sizeof sz));

@@ -56,3 +56,19 @@ size_format(uint64_t n, char *buf, size_t len)
     snprintf(buf, len, "%.1f %s", v, units[i]);
   return buf;
 }
+
+char *
+size_format_exact(uint64_t n, char *buf, size_t len)
+{
+  static const char units[] = "KMGTPE";
+  int i = -1;
+  while (n != 0 && n % 1024 == 0 && i < 5) {
+    n /= 1024;
+    i++;
+  }
+  if (i < 0)
+    snprintf(buf, len, "%llu", (unsigned long long)n);
+  else
+    snprintf(buf, len, "%llu%c", (unsigned long long)n, units[i]);
+  return buf;
+}

@@ -13,4 +13,9 @@ int size_parse(const char *s, uint64_t *out);
 /* Formats n as "1.5 GiB" into buf; returns buf. */
 char *size_format(uint64_t n, char *buf, size_t len);
 
+/* Formats n exactly, in the largest unit it is a whole multiple of:
+ * "1536K", "100M", "1000000" (no unit when it is not a multiple of 1024),
+ * as nbdinfo prints export-size-str. Returns buf. */
+char *size_format_exact(uint64_t n, char *buf, size_t len);
+
 #endif

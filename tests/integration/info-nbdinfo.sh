@@ -1,6 +1,6 @@
 #!/bin/bash
 # info-nbdinfo.sh: "nbdflow info --json" agrees with "nbdinfo --json" on
-# size and flags for nbdkit and qemu-nbd, and --map matches the holes
+# size (also as export-size-str) and flags for nbdkit and qemu-nbd, and --map matches the holes
 # (over NBD and for the same file read locally).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -10,13 +10,16 @@ need qemu-nbd qemu-utils
 tmpdir_make
 nbdkit -f -U "$TMP/k.sock" memory 5M >>"$TMP/s.log" 2>&1 &
 SERVER_PIDS+=($!)
+nbdkit -f -U "$TMP/o.sock" memory 1000000 >>"$TMP/s.log" 2>&1 &
+SERVER_PIDS+=($!)
 make_sparse "$TMP/q.img" 8 "2:1"
 qemu-nbd -f raw -t -r -k "$TMP/q.sock" "$TMP/q.img" >>"$TMP/s.log" 2>&1 &
 SERVER_PIDS+=($!)
 wait_for test -S "$TMP/k.sock"
 wait_for test -S "$TMP/q.sock"
+wait_for test -S "$TMP/o.sock"
 
-for s in k q; do
+for s in k q o; do
     uri="nbd+unix:///?socket=$TMP/$s.sock"
     "$NBDFLOW" info --json "$uri" >"$TMP/ours.json" || fail "info failed"
     nbdinfo --json "$uri" >"$TMP/theirs.json" || fail "nbdinfo failed"
@@ -24,7 +27,8 @@ for s in k q; do
 import json, sys
 a = json.load(open(sys.argv[1]))["exports"][0]
 b = json.load(open(sys.argv[2]))["exports"][0]
-keys = ["export-size"] + [k for k in b if k.startswith(("is_", "can_"))]
+keys = ["export-size", "export-size-str"]
+keys += [k for k in b if k.startswith(("is_", "can_"))]
 bad = [(k, a.get(k), b[k]) for k in keys if a.get(k) != b[k]]
 assert not bad, bad
 assert len(keys) > 8

@@ -127,11 +127,42 @@ test_round_trip(void)
   }
 }
 
+static void
+test_format_exact(void)
+{
+  /* nbdinfo's export-size-str: the largest whole unit, else bytes. */
+  static const struct {
+    uint64_t n;
+    const char *want;
+  } cases[] = {
+    { 0, "0" },
+    { 513, "513" },
+    { 1000000, "1000000" },
+    { 1024, "1K" },
+    { 1572864, "1536K" },
+    { UINT64_C(100) << 20, "100M" },
+    { (UINT64_C(1) << 30) + 1, "1073741825" },
+    { UINT64_C(32) << 30, "32G" },
+    { UINT64_C(3) << 40, "3T" },
+    { UINT64_C(1) << 60, "1E" },
+    { UINT64_C(1) << 63, "8E" },
+    { UINT64_MAX, "18446744073709551615" },
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char buf[32];
+    char *r = size_format_exact(cases[i].n, buf, sizeof buf);
+    ok(r == buf && strcmp(buf, cases[i].want) == 0,
+       "exact %llu is \"%s\" (got \"%s\")", (unsigned long long)cases[i].n,
+       cases[i].want, buf);
+  }
+}
+
 int
 main(void)
 {
   test_parse();
   test_format();
+  test_format_exact();
   test_round_trip();
   return tap_done();
 }
