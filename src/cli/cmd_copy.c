@@ -98,8 +98,8 @@ copy_parse(int argc, char **argv, struct copy_args *a)
   while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (ch) {
     case 'c':
-      if (copy_parse_size("--connections", optarg, &v) < 0 || v > 64) {
-        log_error("--connections: 1 to 64");
+      if (size_parse(optarg, &v) < 0 || v == 0 || v > 64) {
+        log_error("--connections: 1 to 64, not '%s'", optarg);
         return 2;
       }
       a->connections = (unsigned)v;
@@ -152,8 +152,8 @@ copy_parse(int argc, char **argv, struct copy_args *a)
       a->nagle = true;
       break;
     case 'M':
-      if (copy_parse_size("--max-requests", optarg, &v) < 0 || v > 65536) {
-        log_error("--max-requests: 1 to 65536");
+      if (size_parse(optarg, &v) < 0 || v == 0 || v > 65536) {
+        log_error("--max-requests: 1 to 65536, not '%s'", optarg);
         return 2;
       }
       a->o.max_requests = (unsigned)v;

@@ -98,7 +98,7 @@ endpoint_file_size(int fd, uint64_t *size)
   }
   if (S_ISBLK(st.st_mode))
     return ioctl(fd, BLKGETSIZE64, size) < 0 ? -errno : 0;
-  return -ESPIPE;
+  return S_ISDIR(st.st_mode) ? -EISDIR : -ESPIPE;
 }
 
 int

@@ -264,13 +264,14 @@ uri_parse_parts(const char *s, struct nbd_uri *u, char *err, size_t errlen)
                     strlen(uri_schemes[i].prefix)) == 0)
       break; /* schemes are case-insensitive (RFC 3986, 3.1) */
   if (i == sizeof uri_schemes / sizeof uri_schemes[0])
-    return uri_fail(err, errlen, "not an NBD URI: '%s'", s);
+    return uri_fail(err, errlen, "not an NBD URI (nbd://, nbds://, "
+                    "nbd+unix:// or nbds+unix://)");
   u->tls = uri_schemes[i].tls;
   u->unix_socket = uri_schemes[i].unix_socket;
   const char *p = s + strlen(uri_schemes[i].prefix);
 
   if (strchr(p, '#'))
-    return uri_fail(err, errlen, "fragments are not allowed: '%s'", s);
+    return uri_fail(err, errlen, "fragments are not allowed");
   size_t alen = strcspn(p, "/?");
   if (u->unix_socket && alen > 0 && p[alen - 1] == '@' &&
       memchr(p, '@', alen - 1) == NULL) {
@@ -284,8 +285,8 @@ uri_parse_parts(const char *s, struct nbd_uri *u, char *err, size_t errlen)
   }
   if (u->unix_socket && alen > 0)
     return uri_fail(err, errlen,
-                    "a Unix socket URI takes no host: '%.*s' in '%s'",
-                    (int)alen, p, s);
+                    "a Unix socket URI takes no host: '%.*s'", (int)alen,
+                    p);
   if (!u->unix_socket && alen > 0) {
     int r = uri_parse_authority(p, alen, u, err, errlen);
     if (r < 0)
@@ -313,11 +314,9 @@ uri_parse_parts(const char *s, struct nbd_uri *u, char *err, size_t errlen)
       return r;
   }
   if (u->unix_socket && (u->socket == NULL || u->socket[0] == '\0'))
-    return uri_fail(err, errlen, "a Unix socket URI needs ?socket=PATH: '%s'",
-                    s);
+    return uri_fail(err, errlen, "a Unix socket URI needs ?socket=PATH");
   if (!u->unix_socket && u->socket)
-    return uri_fail(err, errlen, "?socket= needs the nbd+unix scheme: '%s'",
-                    s);
+    return uri_fail(err, errlen, "?socket= needs the nbd+unix scheme");
   if (!u->unix_socket && (u->host == NULL || u->host[0] == '\0')) {
     free(u->host);
     u->host = strdup("localhost");
@@ -343,6 +342,12 @@ uri_parse(const char *s, struct nbd_uri *u, char *err, size_t errlen)
   if (r < 0) {
     if (r == -ENOMEM)
       uri_fail(err, errlen, "out of memory");
+    if (errlen) { /* name the URI: a copy has two */
+      char why[256];
+      snprintf(why, sizeof why, "%s", err);
+      snprintf(err, errlen, "%.100s%s: %s", s, strlen(s) > 100 ? "..." : "",
+               why);
+    }
     uri_free(u);
     return -EINVAL;
   }
