@@ -359,14 +359,6 @@ cmd_copy(int argc, char **argv)
               (unsigned long long)s.src->size);
     goto out;
   }
-  uint32_t min = s.dst->min_block;
-  if (min > 1 && s.src->size_known && s.src->size % min) {
-    /* The partial last block would need reading and rewriting. */
-    log_error("%s takes whole blocks of %u bytes; %s (%llu bytes) is not a "
-              "multiple of that, so its partial last block cannot be "
-              "written", a.dst, min, a.src, (unsigned long long)s.src->size);
-    goto out;
-  }
   if (a.verify)
     a.o.chunks = &chunks;
   if (copy_run(&s.env, s.src, s.dst, &a.o, &st, err, sizeof err) < 0) {

@@ -32,6 +32,8 @@ struct cop {
   bool data;          /* a data piece: charged to the window */
   bool from_file;     /* data sent straight from the source file's range,
                          which this piece borrows until release; no buf */
+  bool padding;       /* wop is reading the destination's last block */
+  bool padded;        /* buf holds the piece up to the end of that block */
   uint8_t *buf;       /* from the pool; owned by this piece until release */
   bool own_buf;       /* buf is the opening piece's own, freed on release */
   uint64_t charge;    /* bytes counted against the window */
@@ -58,6 +60,10 @@ struct engine {
   bool ordered;         /* pieces pass the gate in offset order */
   bool send_file;       /* data pieces skip the read: the destination
                            sends them from the source file (sendfile) */
+  uint32_t pad;         /* the destination's minimum block when the copy
+                           ends inside one (0: it does not): the last
+                           piece is read-modify-written up to its end */
+  uint8_t *pad_buf;     /* pad bytes: that block as the destination has it */
 
   /* Planner. */
   uint64_t pos;
@@ -290,6 +296,61 @@ eng_account(struct engine *e, struct cop *c, bool zeroed, bool skipped)
 
 static void eng_gate_advance(struct engine *e);
 
+/* The piece is the copy's last and ends inside the destination's minimum
+ * block. Only the last: other pieces' blocks are written by their
+ * neighbours too, and reading them here would race with that. */
+static bool
+eng_needs_pad(const struct engine *e, uint64_t off, uint64_t len)
+{
+  return e->pad && off + len == e->size && e->size % e->pad != 0;
+}
+
+/* Reads the destination's block that the piece ends in, so that the
+ * write can cover all of it (§Size constraints: no request may end
+ * inside a minimum block). Nothing else writes that block's bytes past
+ * the copy's end, so they are the destination's own. */
+static void
+eng_pad_read(struct engine *e, struct cop *c)
+{
+  uint64_t end = c->offset + c->length;
+  struct ep_op *w = &c->wop;
+  *w = (struct ep_op){ .type = EP_READ, .offset = end / e->pad * e->pad,
+                       .length = e->pad, .buf = e->pad_buf,
+                       .done = eng_op_done, .arg = c };
+  c->padding = true;
+  c->state = COP_WRITING;
+  c->t_sub_us = loop_now_us();
+  e->dst_busy++;
+  int r = endpoint_submit(e->dst, w);
+  if (r < 0) {
+    e->dst_busy--;
+    eng_fail(e, "read of the last block of", e->dst, w->offset, w->length,
+             -r, w->errmsg);
+    eng_cop_release(e, c);
+  }
+}
+
+static void eng_write(struct engine *e, struct cop *c);
+
+static void
+eng_pad_done(struct engine *e, struct cop *c)
+{
+  struct ep_op *w = &c->wop;
+  e->dst_busy--;
+  c->padding = false;
+  if (e->failed || w->err) {
+    eng_fail(e, "read of the last block of", e->dst, w->offset, w->length,
+             w->err, w->errmsg);
+    eng_cop_release(e, c);
+    return;
+  }
+  uint64_t end = c->offset + c->length;
+  uint64_t keep = end - w->offset; /* the block's bytes the copy writes */
+  memcpy(c->buf + c->length, e->pad_buf + keep, (size_t)(e->pad - keep));
+  c->padded = true;
+  eng_write(e, c);
+}
+
 static void
 eng_write(struct engine *e, struct cop *c)
 {
@@ -298,10 +359,19 @@ eng_write(struct engine *e, struct cop *c)
     eng_cop_release(e, c);
     return;
   }
+  if (eng_needs_pad(e, c->offset, c->length) && !c->padded) {
+    eng_pad_read(e, c);
+    return;
+  }
   struct ep_op *w = &c->wop;
   *w = (struct ep_op){ .offset = c->offset, .length = c->length,
                        .done = eng_op_done, .arg = c };
-  if (c->from_file) {
+  if (c->padded) {
+    w->type = EP_WRITE;
+    w->buf = c->buf;
+    w->length = (c->offset + c->length) / e->pad * e->pad + e->pad -
+                c->offset;
+  } else if (c->from_file) {
     w->type = EP_WRITE;
     w->from_file = true;
     w->file_fd = e->src->file_fd;
@@ -455,6 +525,8 @@ eng_handle(struct engine *e, struct ep_op *op)
   struct cop *c = op->arg;
   if (op == &c->rop)
     eng_read_done(e, c);
+  else if (c->padding)
+    eng_pad_done(e, c);
   else
     eng_write_done(e, c);
 }
@@ -471,6 +543,10 @@ eng_request_extents(struct engine *e, uint64_t from)
                         .length = eng_min(e->size - from, ENDPOINT_STATUS_SPAN),
                         .extents = e->ext_batch, .max_extents = ENG_EXT_BATCH,
                         .done = eng_ctl_done, .arg = e };
+  uint32_t smin = e->src->min_block; /* as for reads: whole blocks */
+  uint64_t end = op->offset + op->length;
+  if (smin > 1 && end % smin && end / smin * smin + smin <= e->src->size)
+    op->length = end / smin * smin + smin - op->offset;
   e->ext_pending = true;
   e->t_ext_us = loop_now_us();
   int r = endpoint_submit(e->src, op);
@@ -527,6 +603,8 @@ eng_plan(struct engine *e, uint64_t *len, bool *zero)
   uint64_t xend = e->pos + x->length;
   if (x->zero) {
     uint64_t zend = xend == e->size ? xend : xend / e->align * e->align;
+    if (eng_needs_pad(e, 0, zend)) /* the last block goes as data */
+      zend = zend / e->pad * e->pad;
     if (zend > e->pos && e->pos % e->align == 0) {
       *zero = true;
       *len = eng_min(zend - e->pos, e->zero_max);
@@ -627,15 +705,19 @@ eng_issue_one(struct engine *e)
   if (e->inflight > 0 && e->inflight + len > e->window)
     return false;
   uint8_t *buf = NULL;
+  size_t cap = (size_t)e->rsize; /* of buf */
   bool opening = len > e->rsize;
-  if (opening && !e->send_file) {
-    void *p;
-    if (posix_memalign(&p, 4096, (size_t)len) != 0) {
+  /* A piece to read-modify-write needs its bytes in a buffer. */
+  bool direct = e->send_file && !eng_needs_pad(e, e->pos, len);
+  if (opening && !direct) {
+    void *p; /* room for the destination's last block too */
+    cap = (size_t)(e->pad ? (len + e->pad - 1) / e->pad * e->pad : len);
+    if (posix_memalign(&p, 4096, cap) != 0) {
       e->open_len = 0; /* go on without: plan again on the grid */
       return true;
     }
     buf = p;
-  } else if (!e->send_file && (buf = eng_buf_take(e)) == NULL) {
+  } else if (!direct && (buf = eng_buf_take(e)) == NULL) {
     return false;
   }
   if (opening) {
@@ -654,7 +736,7 @@ eng_issue_one(struct engine *e)
   if (e->data_active > e->st->peak_depth)
     e->st->peak_depth = e->data_active;
   eng_consume(e, len);
-  if (e->send_file) {
+  if (direct) {
     /* Nothing to read: the write carries the file range itself, and the
      * piece holds its window charge until the write is acknowledged. */
     c->from_file = true;
@@ -666,6 +748,14 @@ eng_issue_one(struct engine *e)
   c->rop = (struct ep_op){ .type = EP_READ, .offset = c->offset,
                            .length = len, .buf = buf, .done = eng_op_done,
                            .arg = c };
+  /* A copy of less than the source (reading a destination back) may end
+   * inside the source's minimum block: read all of it, use what is ours. */
+  uint32_t smin = e->src->min_block;
+  if (smin > 1 && (c->offset + len) % smin) {
+    uint64_t whole = (c->offset + len + smin - 1) / smin * smin - c->offset;
+    if (whole <= cap && c->offset + whole <= e->src->size)
+      c->rop.length = whole;
+  }
   e->src_busy++;
   int r = endpoint_submit(e->src, &c->rop);
   if (r < 0) {
@@ -1095,6 +1185,11 @@ eng_setup(struct engine *e)
   e->cops = calloc(ENG_MAX_COPS, sizeof *e->cops);
   if (e->free_bufs == NULL || e->cops == NULL)
     return -ENOMEM;
+  if (e->dst && e->dst->min_block > 1) {
+    e->pad = e->dst->min_block;
+    if ((e->pad_buf = malloc(e->pad)) == NULL)
+      return -ENOMEM;
+  }
   bool zero_writes = e->dst && (o->allocated || !e->dst->can_zero);
   e->zero_max = zero_writes ? e->rsize : ENDPOINT_ZERO_MAX;
   if (zero_writes && (e->zero_buf = calloc(1, (size_t)e->rsize)) == NULL)
@@ -1139,6 +1234,7 @@ eng_teardown(struct engine *e)
   free(e->free_bufs);
   free(e->cops);
   free(e->zero_buf);
+  free(e->pad_buf);
   if (e->chunk_state)
     XXH3_freeState(e->chunk_state);
 }
