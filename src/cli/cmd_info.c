@@ -243,26 +243,51 @@ info_flag(bool json, const char *name, bool v)
     printf("\t%s: %s\n", name, v ? "true" : "false");
 }
 
+/* The lines before the exports: how the session was negotiated, and with
+ * --list the names the server listed. */
 static void
-info_print_nbd(const struct client_conn *c, const char *uri, bool json)
+info_print_head(const struct client_conn *c, bool json)
+{
+  const struct client_info *in = &c->info;
+  if (!json) {
+    printf("protocol: %s %s TLS%s\n", in->protocol,
+           in->tls ? "with" : "without",
+           in->extended ? ", using extended packets"
+           : in->structured ? ", using structured packets" : "");
+    return;
+  }
+  printf("{\n\"protocol\": \"%s\",\n\"TLS\": %s,\n\"structured\": %s,\n",
+         in->protocol, in->tls ? "true" : "false",
+         in->structured ? "true" : "false");
+  printf("\"extended\": %s,\n", in->extended ? "true" : "false");
+  if (in->nexports) {
+    printf("\"export-names\": [");
+    for (size_t i = 0; i < in->nexports; i++) {
+      printf(i ? ", " : " ");
+      info_json_str(in->exports[i]);
+    }
+    printf(" ],\n");
+  }
+  printf("\"exports\": [\n");
+}
+
+static void
+info_print_tail(bool json)
+{
+  if (json)
+    printf(" ]\n}\n");
+}
+
+/* One export, as the connection c to it learnt it; uri reaches it. */
+static void
+info_print_export(const struct client_conn *c, const char *uri, bool json)
 {
   const struct client_info *in = &c->info;
   uint16_t f = in->tflags;
   char sz[32];
+  size_format_exact(in->size, sz, sizeof sz);
   if (json) {
-    printf("{\n\"protocol\": \"%s\",\n\"TLS\": %s,\n\"structured\": %s,\n",
-           in->protocol, in->tls ? "true" : "false",
-           in->structured ? "true" : "false");
-    printf("\"extended\": %s,\n", in->extended ? "true" : "false");
-    if (in->nexports) {
-      printf("\"export-names\": [");
-      for (size_t i = 0; i < in->nexports; i++) {
-        printf(i ? ", " : " ");
-        info_json_str(in->exports[i]);
-      }
-      printf(" ],\n");
-    }
-    printf("\"exports\": [\n\t{\n\t\"export-name\": ");
+    printf("\t{\n\t\"export-name\": ");
     info_json_str(in->name ? in->name : "");
     if (in->description) {
       printf(",\n\t\"description\": ");
@@ -272,15 +297,6 @@ info_print_nbd(const struct client_conn *c, const char *uri, bool json)
     info_json_str(uri);
     printf(",\n\t\"contexts\": [%s]", in->allocation ? " \"base:allocation\" " : "");
   } else {
-    printf("protocol: %s %s TLS%s\n", in->protocol,
-           in->tls ? "with" : "without",
-           in->extended ? ", using extended packets"
-           : in->structured ? ", using structured packets" : "");
-    for (size_t i = 0; i < in->nexports; i++) {
-      printf("listed export: \"");
-      info_text_str(in->exports[i]);
-      printf("\"\n");
-    }
     printf("export=\"");
     info_text_str(in->name ? in->name : "");
     printf("\":\n");
@@ -289,8 +305,7 @@ info_print_nbd(const struct client_conn *c, const char *uri, bool json)
       info_text_str(in->description);
       putchar('\n');
     }
-    printf("\texport-size: %llu (%s)\n", (unsigned long long)in->size,
-           size_format(in->size, sz, sizeof sz));
+    printf("\texport-size: %llu (%s)\n", (unsigned long long)in->size, sz);
     printf("\turi: ");
     info_text_str(uri);
     putchar('\n');
@@ -312,10 +327,8 @@ info_print_nbd(const struct client_conn *c, const char *uri, bool json)
              "%u,\n\t\"block_size_maximum\": %u",
              in->min_block, in->pref_block, in->max_block);
     printf(",\n\t\"transmission_flags\": %u", f);
-    printf(",\n\t\"export-size\": %llu,\n\t\"export-size-str\": \"%s\"\n\t} "
-           "]\n}\n",
-           (unsigned long long)in->size,
-           size_format_exact(in->size, sz, sizeof sz));
+    printf(",\n\t\"export-size\": %llu,\n\t\"export-size-str\": \"%s\"\n\t}",
+           (unsigned long long)in->size, sz);
   } else {
     if (in->has_block_size)
       printf("\tblock_size_minimum: %u\n\tblock_size_preferred: %u\n"
@@ -323,6 +336,75 @@ info_print_nbd(const struct client_conn *c, const char *uri, bool json)
              in->min_block, in->pref_block, in->max_block);
     printf("\ttransmission_flags: 0x%04x\n", f);
   }
+}
+
+/* target with its export name replaced by name, percent-encoded but for
+ * RFC 3986's unreserved characters and '/' (as libnbd writes them).
+ * Returns NULL without memory. */
+static char *
+info_uri_with_name(const char *target, const char *name)
+{
+  const char *p = strstr(target, "://");
+  p = p ? p + 3 : target;
+  const char *path = p + strcspn(p, "/?");
+  const char *query = strchr(path, '?');
+  size_t head = (size_t)(path - target);
+  size_t cap = head + 2 + 3 * strlen(name) + (query ? strlen(query) : 0);
+  char *out = malloc(cap);
+  if (out == NULL)
+    return NULL;
+  memcpy(out, target, head);
+  size_t n = head;
+  out[n++] = '/';
+  for (const unsigned char *q = (const unsigned char *)name; *q; q++) {
+    if ((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') ||
+        (*q >= '0' && *q <= '9') || strchr("-._~/", *q))
+      out[n++] = (char)*q;
+    else
+      n += (size_t)sprintf(out + n, "%%%02X", *q);
+  }
+  out[n] = '\0';
+  if (query)
+    strcat(out, query);
+  return out;
+}
+
+/* --list: every listed export's details, each from a connection of its
+ * own, as nbdinfo --list shows them. 0, or -1 after one line. */
+static int
+info_list_nbd(const struct info_args *a, const struct client_conn *first)
+{
+  for (size_t i = 0; i < first->info.nexports; i++) {
+    const char *name = first->info.exports[i];
+    char *uri = info_uri_with_name(a->target, name);
+    struct nbd_uri u;
+    char err[256];
+    if (uri == NULL || uri_parse(uri, &u, err, sizeof err) < 0) {
+      log_error("%s: export %zu of the list: %s", a->target, i + 1,
+                uri ? err : "out of memory");
+      free(uri);
+      return -1;
+    }
+    struct client_opts o = { .export_name = name,
+                             .want_structured = true,
+                             .want_allocation = true,
+                             .timeout_ms = 30000 };
+    struct client_conn c;
+    int r = client_connect(&c, &u, &o);
+    if (r < 0) {
+      log_error("%s: %s", uri, c.errmsg);
+    } else {
+      if (i > 0)
+        printf(a->json ? ",\n" : "");
+      info_print_export(&c, uri, a->json);
+      client_close(&c);
+    }
+    uri_free(&u);
+    free(uri);
+    if (r < 0)
+      return -1;
+  }
+  return 0;
 }
 
 static int
@@ -346,10 +428,20 @@ info_nbd(const struct info_args *a)
     uri_free(&u);
     return 1;
   }
-  if (a->map)
+  if (a->map) {
     r = info_map_nbd(&c, a->json, a->timeout_s);
-  else
-    info_print_nbd(&c, a->target, a->json);
+  } else {
+    info_print_head(&c, a->json);
+    if (a->list && c.info.nexports > 0) {
+      r = info_list_nbd(a, &c);
+    } else {
+      info_print_export(&c, a->target, a->json);
+    }
+    if (r == 0)
+      info_print_tail(a->json);
+    else
+      fflush(stdout);
+  }
   client_close(&c);
   uri_free(&u);
   return r < 0 ? 1 : 0;
@@ -397,7 +489,8 @@ info_usage(FILE *f)
           "  --json   machine-readable output\n"
           "  --map    print the allocation map (base:allocation or\n"
           "           SEEK_DATA/SEEK_HOLE) instead of the summary\n"
-          "  --list   also list the server's exports (NBD_OPT_LIST)\n"
+          "  --list   show every export the server lists (NBD_OPT_LIST),\n"
+          "           each from a connection of its own\n"
           "  --timeout SECONDS  with --map: fail when a block status\n"
           "           request gets no reply for this long (default %d,\n"
           "           0: wait forever)\n",

@@ -1,6 +1,7 @@
 #!/bin/bash
 # nbdinfo --list names every export; a file export without NAME= is named
-# by its path as given; the first export is also the default one.
+# by its path as given; the first export is also the default one; and
+# nbdflow info --list shows each export as nbdinfo --list does.
 . "$(dirname "$0")/lib.sh"
 need nbdinfo libnbd-bin
 tmpdir_make
@@ -36,5 +37,32 @@ for n in a.img second zeros; do
 done
 [ "$(nbdinfo --size "$URI")" = 1048576 ] || fail "default export is not the first"
 [ "$(nbdinfo --size "$URI/second")" = 2097152 ] || fail "export second has the wrong size"
+
+# nbdflow info --list shows what nbdinfo --list shows: every export with
+# its size, flags and a URI that opens it (the path of the last export
+# needs percent-encoding).
+"$NBDFLOW" info --list --json "$URI" >"$TMP/ours.json" ||
+    fail "nbdflow info --list"
+python3 - "$TMP/ours.json" "$TMP/list.json" <<'PY' || fail "info --list differs from nbdinfo --list"
+import json, sys
+ours, theirs = (json.load(open(p)) for p in sys.argv[1:3])
+def key(doc):
+    return {e["export-name"]: {k: v for k, v in e.items()
+                               if k in ("uri", "export-size", "export-size-str")
+                               or k.startswith(("is_", "can_"))}
+            for e in doc["exports"]}
+a, b = key(ours), key(theirs)
+assert a == b, (a, b)
+print("same %d exports as nbdinfo --list" % len(a))
+PY
+python3 -c 'import json, sys
+for e in json.load(open(sys.argv[1]))["exports"]:
+    print(e["uri"], e["export-size"])' "$TMP/ours.json" >"$TMP/uris"
+while read -r uri size; do
+    [ "$(nbdinfo --size "$uri")" = "$size" ] || fail "$uri does not open its export"
+done <"$TMP/uris"
+"$NBDFLOW" info --list "$URI" >"$TMP/ours.txt" || fail "info --list (text)"
+[ "$(grep -c '^export=' "$TMP/ours.txt")" = 5 ] ||
+    fail "info --list: not 5 exports: $(cat "$TMP/ours.txt")"
 serve_stop
 echo "PASS: --list names every export"
