@@ -26,7 +26,7 @@ static const uint8_t ep_zero_page[256 << 10];
 
 struct file_priv {
   int fd;
-  bool fresh;          /* destination truncated by us: reads as zeroes */
+  bool fresh;          /* destination was empty: reads as zeroes */
   bool is_pipe;
   pthread_mutex_t grow_lock; /* serialises ftruncate growth */
   /* A source's first extents, looked up on a worker from the moment it is
@@ -471,13 +471,24 @@ file_open(struct ep_env *env, const char *spec, const struct endpoint_opts *o,
     goto fail;
   }
   if (o->write && S_ISREG(st.st_mode)) {
-    /* A fresh file reads as zeroes: zero ranges stay holes. */
-    uint64_t sz = o->create_size == UINT64_MAX ? 0 : o->create_size;
-    if (ftruncate(p->fd, 0) < 0 || ftruncate(p->fd, (off_t)sz) < 0) {
+    /* An empty file reads as zeroes: zero ranges stay holes. A file with
+     * content keeps its blocks: it is written over in place (pre-allocated
+     * images stay allocated where data lands), its zero ranges are
+     * punched, and it takes the source's size. Without a size (a pipe)
+     * it starts empty and grows. */
+    bool empty = st.st_size == 0;
+    int t = 0;
+    if (o->create_size == UINT64_MAX) {
+      t = empty ? 0 : ftruncate(p->fd, 0);
+      empty = true;
+    } else if ((uint64_t)st.st_size != o->create_size) {
+      t = ftruncate(p->fd, (off_t)o->create_size);
+    }
+    if (t < 0) {
       r = ep_fail(err, errlen, -errno, "truncate %s: %s", spec);
       goto fail;
     }
-    p->fresh = !o->allocated;
+    p->fresh = empty && !o->allocated;
   } else if (o->write && !S_ISBLK(st.st_mode)) {
     r = ep_fail(err, errlen, -EINVAL, "%s: %s (not a file, device or '-')",
                 spec);
