@@ -305,6 +305,23 @@ eng_needs_pad(const struct engine *e, uint64_t off, uint64_t len)
   return e->pad && off + len == e->size && e->size % e->pad != 0;
 }
 
+/* Hands w, an op of piece c, to the destination. If it is refused at
+ * once, the copy fails, naming what at off and len, and c is released. */
+static void
+eng_dst_submit(struct engine *e, struct cop *c, struct ep_op *w,
+               const char *what, uint64_t off, uint64_t len)
+{
+  c->state = COP_WRITING;
+  c->t_sub_us = loop_now_us();
+  e->dst_busy++;
+  int r = endpoint_submit(e->dst, w);
+  if (r < 0) {
+    e->dst_busy--;
+    eng_fail(e, what, e->dst, off, len, -r, w->errmsg);
+    eng_cop_release(e, c);
+  }
+}
+
 /* Reads the destination's block that the piece ends in, so that the
  * write can cover all of it (§Size constraints: no request may end
  * inside a minimum block). Nothing else writes that block's bytes past
@@ -318,16 +335,8 @@ eng_pad_read(struct engine *e, struct cop *c)
                        .length = e->pad, .buf = e->pad_buf,
                        .done = eng_op_done, .arg = c };
   c->padding = true;
-  c->state = COP_WRITING;
-  c->t_sub_us = loop_now_us();
-  e->dst_busy++;
-  int r = endpoint_submit(e->dst, w);
-  if (r < 0) {
-    e->dst_busy--;
-    eng_fail(e, "read of the last block of", e->dst, w->offset, w->length,
-             -r, w->errmsg);
-    eng_cop_release(e, c);
-  }
+  eng_dst_submit(e, c, w, "read of the last block of", w->offset,
+                 w->length);
 }
 
 static void eng_write(struct engine *e, struct cop *c);
@@ -382,16 +391,8 @@ eng_write(struct engine *e, struct cop *c)
   } else {
     w->type = EP_ZERO;
   }
-  c->state = COP_WRITING;
-  c->t_sub_us = loop_now_us();
-  e->dst_busy++;
-  int r = endpoint_submit(e->dst, w);
-  if (r < 0) {
-    e->dst_busy--;
-    eng_fail(e, w->type == EP_ZERO ? "zeroing" : "write to", e->dst,
-             c->offset, c->length, -r, w->errmsg);
-    eng_cop_release(e, c);
-  }
+  eng_dst_submit(e, c, w, w->type == EP_ZERO ? "zeroing" : "write to",
+                 c->offset, c->length);
 }
 
 /* Passes pieces whose turn has come, in offset order. */

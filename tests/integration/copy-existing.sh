@@ -12,14 +12,7 @@ need python3
 tmpdir_make
 
 # 8 MiB: 1 MiB of data every 3 MiB (0-1, 3-4, 6-7 MiB), holes between.
-python3 - "$TMP/src.img" <<'PY'
-import os, sys
-with open(sys.argv[1], "wb") as f:
-    f.truncate(8 << 20)
-    for off in range(0, 8 << 20, 3 << 20):
-        f.seek(off)
-        f.write(os.urandom(1 << 20))
-PY
+make_sparse "$TMP/src.img" 8 "0:1 3:1 6:1"
 
 # map FILE: "data START END" / "hole START END" lines from SEEK_DATA.
 map () {

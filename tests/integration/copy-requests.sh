@@ -15,14 +15,7 @@ nbdkit --filter=nozero null --run true >/dev/null 2>&1 ||
 tmpdir_make
 
 # 8 MiB: 1 MiB of data every 3 MiB, holes between and at the end.
-python3 - "$TMP/src.img" <<'PY'
-import os, sys
-with open(sys.argv[1], "wb") as f:
-    f.truncate(8 << 20)
-    for off in range(0, 8 << 20, 3 << 20):
-        f.seek(off)
-        f.write(os.urandom(1 << 20))
-PY
+make_sparse "$TMP/src.img" 8 "0:1 3:1 6:1"
 
 # logged NAME [FILTER-ARGS...]: nbdkit memory 8M behind the log filter
 # (and the nozero filter, set by FILTER-ARGS), socket $TMP/NAME.sock,
