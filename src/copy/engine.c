@@ -37,6 +37,7 @@ struct cop {
   uint8_t *buf;       /* from the pool; owned by this piece until release */
   bool own_buf;       /* buf is the opening piece's own, freed on release */
   uint64_t charge;    /* bytes counted against the window */
+  uint64_t cap;       /* bytes buf can hold (0: no buf) */
   uint64_t t0_us;
   uint64_t t_sub_us;  /* when its read or write was submitted */
   struct ep_op rop, wop;
@@ -369,6 +370,18 @@ eng_write(struct engine *e, struct cop *c)
     return;
   }
   if (eng_needs_pad(e, c->offset, c->length) && !c->padded) {
+    uint64_t whole = (c->offset + c->length + e->pad - 1) / e->pad * e->pad -
+                     c->offset;
+    if (c->offset % e->pad || whole > c->cap) {
+      /* The piece starts inside a block too (the source described its
+       * extents in pieces below the alignment): no write of it could
+       * keep to the minimum. */
+      eng_fail(e, "write to", e->dst, c->offset, c->length, EINVAL,
+               "the last piece does not start on a block boundary of the "
+               "destination");
+      eng_cop_release(e, c);
+      return;
+    }
     eng_pad_read(e, c);
     return;
   }
@@ -711,8 +724,9 @@ eng_issue_one(struct engine *e)
   /* A piece to read-modify-write needs its bytes in a buffer. */
   bool direct = e->send_file && !eng_needs_pad(e, e->pos, len);
   if (opening && !direct) {
-    void *p; /* room for the destination's last block too */
-    cap = (size_t)(e->pad ? (len + e->pad - 1) / e->pad * e->pad : len);
+    void *p; /* room for a last block of either side too */
+    uint64_t blk = e->pad > e->src->min_block ? e->pad : e->src->min_block;
+    cap = (size_t)(blk > 1 ? (len + blk - 1) / blk * blk : len);
     if (posix_memalign(&p, 4096, cap) != 0) {
       e->open_len = 0; /* go on without: plan again on the grid */
       return true;
@@ -730,6 +744,7 @@ eng_issue_one(struct engine *e)
   c->buf = buf; /* the piece owns it now */
   c->own_buf = opening && buf != NULL;
   c->charge = len;
+  c->cap = buf ? cap : 0;
   e->inflight += len;
   e->data_active++;
   if (e->inflight > e->st->peak_inflight)

@@ -42,8 +42,9 @@ handshake_flush(struct conn *c)
       break;
     if (n < 0) {
       /* After a refusal the client often just leaves: the refusal's line
-       * already says what went wrong. */
-      if (c->nlogged > 0)
+       * already says what went wrong. After ABORT it may leave without
+       * reading the answer (§NBD_OPT_ABORT): nothing went wrong. */
+      if (c->nlogged > 0 || c->opt.option == NBD_OPT_ABORT)
         log_debug("%s: client gone during the handshake (send: %s)",
                   c->peer, strerror((int)-n));
       else

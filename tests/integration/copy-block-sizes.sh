@@ -121,21 +121,23 @@ cmp -n $((4 << 20)) "$TMP/m0.img" "$TMP/want.img" ||
 #    (512-byte minimum): the last block is read from the destination and
 #    written whole, so the bytes past the source's end keep what the
 #    destination held. The destination starts full of other data; a
-#    513-byte source, and a sparse one whose last extent (a hole) ends
-#    100 bytes into a block, each with and without --verify and with
-#    and without zero copy. (The server fails any request that breaks the
+#    513-byte source, a 600000-byte one (copied as one large opening
+#    piece), and a sparse one whose last extent (a hole) ends 100 bytes
+#    into a block, each with and without --verify and with and without
+#    zero copy. (The server fails any request that breaks the
 #    minimum, so a copy that ends with a short write fails.)
-strict "$TMP/d5.sock" 512 4096 65536
+strict "$TMP/d5.sock" 512 4096 $((32 << 20))
 head -c $((4 << 20)) /dev/urandom >"$TMP/prior.img"
 head -c 513 /dev/urandom >"$TMP/s513.img"
+head -c 600000 /dev/urandom >"$TMP/s600k.img" # one opening piece
 python3 - "$TMP/tail.img" <<'PY'
 import os, sys
 with open(sys.argv[1], "wb") as f:
     f.write(os.urandom(1 << 20))
     f.truncate((2 << 20) + 100)   # ends in a hole, 100 bytes into a block
 PY
-for src in s513 tail; do
-    for opts in "" "--verify --no-zero-copy"; do
+for src in s513 s600k tail; do
+    for opts in "" "--verify" "--verify --no-zero-copy"; do
         "$NBDFLOW" copy "$TMP/prior.img" "nbd+unix:///?socket=$TMP/d5.sock" ||
             fail "filling the destination failed"
         # shellcheck disable=SC2086
@@ -156,7 +158,48 @@ PY
     done
 done
 
-# 6. A request size below the minimum block size and not a multiple of
+# 6. A source that describes its first KiB as 1024 extents of a byte or
+#    two fills the extent table with pieces below the alignment, so its
+#    last piece starts inside a block of the 512-minimum destination; the
+#    source holds back its first read, so that the last piece is ready
+#    first. The copy cannot keep to the minimum: it fails with one line
+#    (and never lays the destination's block over a buffer too small for
+#    it, which ASan would report).
+cat >"$TMP/tiny.sh" <<'SH'
+#!/bin/bash
+size=525313
+case "$1" in
+    get_size) echo $size ;;
+    thread_model) echo parallel ;;
+    can_extents|can_multi_conn) exit 0 ;;
+    open) echo x ;;
+    pread)
+        [ "$4" -ne 0 ] || sleep 2
+        head -c "$3" /dev/zero | tr '\0' 'x' ;;
+    extents)
+        off=$4 end=$(($4 + $3))
+        if [ "$off" -ge 1025 ]; then
+            echo "$off $3 0"
+            exit 0
+        fi
+        for ((i = off; i < 1023 && i < end; i++)); do
+            echo "$i 1 $(( (i % 2) * 3 ))"
+        done
+        [ "$end" -le 1023 ] || echo "1023 2 3"
+        [ "$end" -le 1025 ] || echo "1025 $((end - 1025)) 0" ;;
+    *) exit 2 ;;
+esac
+SH
+chmod +x "$TMP/tiny.sh"
+kit "$TMP/tiny.sock" sh "$TMP/tiny.sh"
+rc=0
+timeout 60 "$NBDFLOW" copy "nbd+unix:///?socket=$TMP/tiny.sock" \
+    "nbd+unix:///?socket=$TMP/d5.sock" >"$TMP/out" 2>"$TMP/err" || rc=$?
+[ "$rc" != 124 ] || fail "tiny extents: the copy hung"
+check_copy_failed "tiny extents into a 512-minimum export" "$rc" \
+    "minimum block size 512\|block boundary"
+
+# 7. A request size below the minimum block size and not a multiple of
 #    it: requests are rounded up to the minimum, and the copy succeeds.
 head -c $((1 << 20)) /dev/urandom >"$TMP/s1m.img"
 "$NBDFLOW" copy --json --request-size 1000 "$TMP/s1m.img" \
