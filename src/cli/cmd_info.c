@@ -394,8 +394,8 @@ info_list_nbd(const struct info_args *a, const struct client_conn *first)
     if (r < 0) {
       log_error("%s: %s", uri, c.errmsg);
     } else {
-      if (i > 0)
-        printf(a->json ? ",\n" : "");
+      if (i > 0 && a->json)
+        fputs(",\n", stdout);
       info_print_export(&c, uri, a->json);
       client_close(&c);
     }

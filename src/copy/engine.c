@@ -61,9 +61,9 @@ struct engine {
   bool ordered;         /* pieces pass the gate in offset order */
   bool send_file;       /* data pieces skip the read: the destination
                            sends them from the source file (sendfile) */
-  uint32_t pad;         /* the destination's minimum block when the copy
-                           ends inside one (0: it does not): the last
-                           piece is read-modify-written up to its end */
+  uint32_t pad;         /* the destination's minimum block size (0: none):
+                           a last piece that ends inside such a block is
+                           read-modify-written (eng_needs_pad) */
   uint8_t *pad_buf;     /* pad bytes: that block as the destination has it */
 
   /* Planner. */
