@@ -4,8 +4,9 @@
 # blocks, the source's holes become holes (nothing of the old content
 # survives), and the file takes the source's size, whether it was larger
 # or smaller. A new or empty file starts as a hole; from a pipe (size
-# unknown) the file starts empty. Every copy is compared with its source
-# and its holes read from the file's map (SEEK_DATA/SEEK_HOLE).
+# unknown) the file starts empty. A file copied onto itself stays as it
+# was. Every copy is compared with its source and its holes read from the
+# file's map (SEEK_DATA/SEEK_HOLE).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need python3
@@ -110,4 +111,14 @@ prior "$TMP/piped.img" 12
 "$NBDFLOW" copy - "$TMP/piped.img" <"$TMP/src.img" ||
     fail "copy from a pipe into a file with content"
 same "$TMP/src.img" "$TMP/piped.img"
+# 6. A file copied onto itself (the same path, or a hard link to it) is
+#    left as it was: nothing empties it before it is read.
+cp "$TMP/src.img" "$TMP/self.img"
+ln "$TMP/self.img" "$TMP/self-link.img"
+check "copy a file onto itself" \
+    "$NBDFLOW" copy "$TMP/self.img" "$TMP/self.img"
+same "$TMP/src.img" "$TMP/self.img"
+check "copy a file onto a hard link of itself" \
+    "$NBDFLOW" copy "$TMP/self.img" "$TMP/self-link.img"
+same "$TMP/src.img" "$TMP/self.img"
 echo "PASS"
