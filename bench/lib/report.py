@@ -351,10 +351,10 @@ def section_reads(out, rows, meta):
     out.append("No issue sets a target here: exports and backups read out of "
                "a server, and a server that is fast to write into can still "
                "be slow to read from. The client writes a local file on the "
-               "same tmpfs. nbdflow copy and nbdcopy truncate that file "
-               "first, so that it reads as zeroes, and allocate its pages "
-               "during the copy; qemu-img (`-n`) writes into it as the reset "
-               "left it, allocated.")
+               "same tmpfs, which the reset left allocated. nbdcopy "
+               "truncates that file first, so that it reads as zeroes, and "
+               "allocates its pages again during the copy; nbdflow copy "
+               "(since d4e08cc) and qemu-img (`-n`) write into it in place.")
     out.append("")
     clients_table(out, arms, "read", m.get("read_size", ""), target=None)
     clients = [c for c in ("nbdflow-copy", "nbdcopy", "qemu-img")
