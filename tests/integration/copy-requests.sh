@@ -56,13 +56,23 @@ for line in open(sys.argv[1]):
 PY
 }
 
+# case_run NAME "COPY-OPTIONS" [FILTER-ARGS...]: a copy with COPY-OPTIONS into
+# a fresh logged server, read back and compared; its requests in
+# $TMP/NAME.req.
+case_run () {
+    local name=$1 opts=$2
+    shift 2
+    logged "$name" "$@"
+    # shellcheck disable=SC2086
+    "$NBDFLOW" copy $opts "$TMP/src.img" "$(uri "$TMP/$name.sock")" ||
+        fail "$name: copy $opts into nbdkit memory failed"
+    readback "$name"
+    requests "$name" >"$TMP/$name.req"
+}
+
 # 1. Default: zeroes as fast WRITE_ZEROES, then one FLUSH per connection,
 #    each sent after every write and zero was answered.
-logged plain
-"$NBDFLOW" copy "$TMP/src.img" "$(uri "$TMP/plain.sock")" ||
-    fail "copy into nbdkit memory"
-readback plain
-requests plain >"$TMP/plain.req"
+case_run plain ""
 python3 - "$TMP/plain.req" <<'PY' || fail "default copy: $(cat "$TMP/plain.req")"
 import sys
 lines = [l.split() for l in open(sys.argv[1])]
@@ -79,22 +89,14 @@ print("%d flush(es), %d fast zero(es)" % (len(flushes), len(zeros)))
 PY
 
 # 2. --no-flush: the same copy without any FLUSH.
-logged noflush
-"$NBDFLOW" copy --no-flush "$TMP/src.img" "$(uri "$TMP/noflush.sock")" ||
-    fail "copy --no-flush"
-readback noflush
-requests noflush >"$TMP/noflush.req"
+case_run noflush --no-flush
 ! grep -q "^req Flush" "$TMP/noflush.req" || fail "--no-flush sent a FLUSH"
 grep -q "^req Write" "$TMP/noflush.req" || fail "--no-flush: no write logged"
 
 # 3. A server that advertises fast zeroing but refuses it (ENOTSUP): each
 #    refused range is zeroed again without FAST_ZERO, and the copy
 #    succeeds with the holes zero.
-logged slow fastzeromode=slow
-"$NBDFLOW" copy "$TMP/src.img" "$(uri "$TMP/slow.sock")" ||
-    fail "copy into a server that refuses fast zeroing"
-readback slow
-requests slow >"$TMP/slow.req"
+case_run slow "" fastzeromode=slow
 python3 - "$TMP/slow.req" <<'PY' || fail "fast zero fallback: $(cat "$TMP/slow.req")"
 import sys
 lines = [l.split() for l in open(sys.argv[1])]
@@ -119,11 +121,7 @@ print("%d refused, %d plain zero(es)" % (len(refused), len(done)))
 PY
 
 # 4. --destination-is-zero: neither zeroing nor trimming.
-logged iszero
-"$NBDFLOW" copy --destination-is-zero "$TMP/src.img" \
-    "$(uri "$TMP/iszero.sock")" || fail "copy --destination-is-zero"
-readback iszero
-requests iszero >"$TMP/iszero.req"
+case_run iszero --destination-is-zero
 ! grep -qE "^req (Zero|Trim)" "$TMP/iszero.req" ||
     fail "--destination-is-zero zeroed: $(grep -E '^req (Zero|Trim)' "$TMP/iszero.req")"
 grep -q "^req Write" "$TMP/iszero.req" || fail "--destination-is-zero: no write"
