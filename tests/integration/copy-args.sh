@@ -1,0 +1,34 @@
+#!/bin/bash
+# Bad arguments to copy, info and sum fail with one line that names what
+# is wrong, and where: a count out of range (usage error, exit 2), a URI
+# error that names the URI (a copy has two), a directory where an image
+# was expected.
+. "$(dirname "$0")/lib.sh"
+tmpdir_make
+make_random "$TMP/src.img" 1
+
+# refused WANT_RC WANT ARGS...: "nbdflow ARGS" exits WANT_RC with one line
+# on stderr that contains WANT (a fixed string).
+refused () {
+    local want_rc=$1 want=$2 rc=0
+    shift 2
+    timeout 60 "$NBDFLOW" "$@" >"$TMP/out" 2>"$TMP/err" || rc=$?
+    [ "$rc" = "$want_rc" ] || fail "$*: exit $rc, not $want_rc: $(cat "$TMP/err")"
+    [ "$(wc -l <"$TMP/err")" = 1 ] || fail "$*: not one line: $(cat "$TMP/err")"
+    grep -qF -- "$want" "$TMP/err" || fail "$*: $(cat "$TMP/err")"
+    note "ok: $*: $(cat "$TMP/err")"
+}
+
+refused 2 "--connections: 1 to 64, not 'abc'" \
+    copy --connections abc "$TMP/src.img" null:
+refused 2 "--max-requests: 1 to 65536, not '0'" \
+    copy --max-requests 0 "$TMP/src.img" null:
+refused 1 "error: nbd://127.0.0.1:99999/: port out of range: '99999'" \
+    copy "$TMP/src.img" nbd://127.0.0.1:99999/
+refused 1 "error: nbd://127.0.0.1/?frob=1: unknown query parameter 'frob'" \
+    copy nbd://127.0.0.1/?frob=1 "$TMP/out.img"
+refused 1 "error: nbd+unix:///x: a Unix socket URI needs ?socket=PATH" \
+    info nbd+unix:///x
+refused 1 "error: size of $TMP: Is a directory" sum "$TMP"
+refused 1 "error: size of $TMP: Is a directory" copy "$TMP" null:
+echo "PASS"
