@@ -132,7 +132,7 @@ client_grow_slots(struct client_conn *c)
 /* Checks a request against the export before it goes out: the server
  * would refuse it, and some servers disconnect instead. */
 static int
-client_validate(const struct client_conn *c, const struct client_req *r)
+client_validate(const struct client_conn *c, struct client_req *r)
 {
   const struct client_info *in = &c->info;
   uint16_t tf = in->tflags;
@@ -147,8 +147,11 @@ client_validate(const struct client_conn *c, const struct client_req *r)
    * advertised minimum block size" (§Size constraints): also at the end
    * of an export whose size is not one (endpoints refuse those). */
   if (in->min_block > 1 &&
-      (r->offset % in->min_block || r->length % in->min_block))
+      (r->offset % in->min_block || r->length % in->min_block)) {
+    snprintf(r->errmsg, sizeof r->errmsg, "not a multiple of the server's "
+             "minimum block size %u", in->min_block);
     return -EINVAL;
+  }
   switch (r->type) {
   case NBD_CMD_READ:
     return r->length <= in->max_block && r->buf ? 0 : -EINVAL;

@@ -337,14 +337,9 @@ nbd_submit(struct endpoint *e, struct ep_op *op)
   default:
     return -EINVAL;
   }
-  uint32_t min = s->c.info.min_block;
-  if (min > 1 && op->type != EP_EXTENTS &&
-      (r->offset % min || r->length % min)) {
-    snprintf(op->errmsg, sizeof op->errmsg, "not a multiple of the "
-             "server's minimum block size %u", min);
-    return -EINVAL;
-  }
   int err = client_submit(&s->c, r);
+  if (err < 0) /* refused before it went out: say why, if the client did */
+    snprintf(op->errmsg, sizeof op->errmsg, "%s", r->errmsg);
   nbd_update_interest(s);
   return err;
 }
