@@ -44,7 +44,7 @@ handshake_flush(struct conn *c)
       /* After a refusal the client often just leaves: the refusal's line
        * already says what went wrong. After ABORT it may leave without
        * reading the answer (§NBD_OPT_ABORT): nothing went wrong. */
-      if (c->nlogged > 0 || c->opt.option == NBD_OPT_ABORT)
+      if (conn_nlogged(c) > 0 || c->opt.option == NBD_OPT_ABORT)
         log_debug("%s: client gone during the handshake (send: %s)",
                   c->peer, strerror((int)-n));
       else
@@ -129,7 +129,7 @@ opt_error(struct conn *c, uint32_t type, const char *fmt, ...)
   uint32_t h = 2166136261u ^ type;
   for (int i = 0; i < n; i++)
     h = (h ^ (uint8_t)msg[i]) * 16777619u;
-  if (c->nlogged == 0 || h != c->last_refusal)
+  if (conn_nlogged(c) == 0 || h != c->last_refusal)
     conn_log(c, "option %s: %s: %s", wire_opt_name(c->opt.option),
              wire_rep_name(type), msg);
   c->last_refusal = h;

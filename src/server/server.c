@@ -23,9 +23,10 @@ conn_log(struct conn *c, const char *fmt, ...)
 {
   char msg[512];
   va_list ap;
-  if (c->nlogged > CONN_LOG_CAP)
+  int n = __atomic_fetch_add(&c->nlogged, 1, __ATOMIC_RELAXED);
+  if (n > CONN_LOG_CAP)
     return;
-  if (c->nlogged++ == CONN_LOG_CAP) {
+  if (n == CONN_LOG_CAP) {
     log_warn("%s: further problems on this connection are not logged",
              c->peer);
     return;
@@ -409,7 +410,7 @@ conn_read(struct conn *c)
       return;
     }
     if (n == 0) {
-      if (c->state <= CS_OPT_DISCARD && c->nlogged > 0)
+      if (c->state <= CS_OPT_DISCARD && conn_nlogged(c) > 0)
         log_debug("%s: client disconnected during the handshake", c->peer);
       else if (c->state <= CS_OPT_DISCARD)
         log_warn("%s: client disconnected during the handshake", c->peer);

@@ -179,7 +179,7 @@ struct conn {
   uint8_t *dst;
   size_t need, have;
   uint8_t msg[64]; /* the fixed-size message being read */
-  int nlogged;     /* bad-input lines logged, to cap a flood */
+  int nlogged;     /* lines logged (atomic), to cap a flood */
   uint32_t last_refusal; /* hash of the last option refusal logged */
 
   /* Handshake state. */
@@ -258,9 +258,16 @@ void conn_resume(struct conn *c); /* any thread: ask the loop to look */
 /* Shutting down: the stop deadline, 0 while serving. Any thread. */
 uint64_t server_stopping(struct server *s);
 /* One warning line naming the client; at most CONN_LOG_CAP per connection,
- * so a hostile client cannot flood the log. Loop thread only. */
+ * so a hostile client, or one that keeps writing to a full disk, cannot
+ * flood the log. Any thread (the count is atomic). */
 void conn_log(struct conn *c, const char *fmt, ...)
   __attribute__((format(printf, 2, 3)));
+/* Lines conn_log has been asked for so far on this connection. */
+static inline int
+conn_nlogged(struct conn *c)
+{
+  return __atomic_load_n(&c->nlogged, __ATOMIC_RELAXED);
+}
 struct export *server_find_export(struct server *s, const uint8_t *name,
                                   size_t len);
 /* Loop thread, under c->lock: sets the epoll events from the state. */

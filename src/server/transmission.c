@@ -149,7 +149,7 @@ read_structured(struct req *q)
       continue;
     int r = e->ops->pread(e, q->buf + rel, ext[i].length, off + rel);
     if (r < 0) {
-      log_warn("export \"%s\": READ offset %llu length %llu: %s", e->name,
+      conn_log(c, "export \"%s\": READ offset %llu length %llu: %s", e->name,
                (unsigned long long)(off + rel),
                (unsigned long long)ext[i].length, strerror(-r));
       req_fail(q, -r, "read failed");
@@ -194,7 +194,7 @@ run_read(struct req *q)
   int r = q->r.length ? e->ops->pread(e, q->buf, q->r.length, q->r.offset)
                        : 0;
   if (r < 0) {
-    log_warn("export \"%s\": READ offset %llu length %llu: %s", e->name,
+    conn_log(c, "export \"%s\": READ offset %llu length %llu: %s", e->name,
              (unsigned long long)q->r.offset,
              (unsigned long long)q->r.length, strerror(-r));
     req_fail(q, -r, "read failed");
@@ -225,7 +225,7 @@ run_block_status(struct req *q)
   }
   int n = e->ops->extents(e, q->r.offset, q->r.length, q->ext, max);
   if (n <= 0) {
-    log_warn("export \"%s\": BLOCK_STATUS offset %llu: %s", e->name,
+    conn_log(c, "export \"%s\": BLOCK_STATUS offset %llu: %s", e->name,
              (unsigned long long)q->r.offset, strerror(n < 0 ? -n : EIO));
     req_fail(q, n < 0 ? -n : EIO, "block status failed");
     reply_error(q);
@@ -335,8 +335,9 @@ req_run(struct work *w)
     } else {
       bool quiet = r == -ENOTSUP && q->r.type == NBD_CMD_WRITE_ZEROES;
       if (!quiet)
-        log_warn("export \"%s\": %s offset %llu length %llu: %s", e->name,
-                 wire_cmd_name(q->r.type), (unsigned long long)q->r.offset,
+        conn_log(q->c, "export \"%s\": %s offset %llu length %llu: %s",
+                 e->name, wire_cmd_name(q->r.type),
+                 (unsigned long long)q->r.offset,
                  (unsigned long long)q->r.length, strerror(-r));
       req_fail(q, -r, quiet ? "zeroing would not be fast" : strerror(-r));
       reply_error(q);

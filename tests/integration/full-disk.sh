@@ -68,8 +68,43 @@ grep -q "No space left on device" "$TMP/err" ||
 note "ok: qemu-img: $(head -n1 "$TMP/err")"
 
 server_alive || fail "the server died on a full disk"
-grep -q "export \"$fs/export.img\": WRITE offset [0-9]* length [0-9]*: No space left on device" \
-    "$SERVER_LOG" || fail "ENOSPC not logged with the export: $(cat "$SERVER_LOG")"
+grep -q "unix client (fd [0-9]*): export \"$fs/export.img\": WRITE offset [0-9]* length [0-9]*: No space left on device" \
+    "$SERVER_LOG" ||
+    fail "ENOSPC not logged with client and export: $(cat "$SERVER_LOG")"
+
+# A client that keeps writing to the full disk (a guest, say) gets ENOSPC
+# every time, but the log takes at most 16 lines from it and says so.
+python3 - "$sock" "$LIB_DIR/../hostile/lib" >"$TMP/flood.out" 2>&1 <<'EOF' ||
+import socket, sys
+sys.path.insert(0, sys.argv[2])
+import rawnbd as r
+
+class Unix:
+    def connect(self, timeout):
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(timeout)
+        s.connect(sys.argv[1])
+        return s
+
+c = r.Conn(Unix()).open_export()
+for i in range(40):
+    err, _ = c.do(r.CMD_WRITE, 4 << 20, 65536, payload=bytes([i + 1]) * 65536)
+    r.expect_err(err, r.ENOSPC, "WRITE %d to the full disk" % i)
+c.request(r.CMD_DISC)
+print("40 writes refused with ENOSPC")
+EOF
+    fail "raw client on the full disk: $(cat "$TMP/flood.out")"
+note "ok: $(tail -n1 "$TMP/flood.out")"
+for ((i = 0; i < 50; i++)); do
+    grep -q "further problems on this connection are not logged" \
+        "$SERVER_LOG" && break
+    sleep 0.1
+done
+grep -q "further problems on this connection are not logged" "$SERVER_LOG" ||
+    fail "40 failed writes on one connection, no cap: $(cat "$SERVER_LOG")"
+n=$(grep -c "WRITE offset 4194304 length 65536: No space" "$SERVER_LOG") || true
+[ "$n" = 16 ] || fail "$n lines for the 40 refused writes, want 16"
+note "ok: 40 refused writes, 16 lines and a note that the rest are not"
 ! grep -qi "error:" "$SERVER_LOG" ||
     fail "a full disk is a client's failure, not the server's: $(cat "$SERVER_LOG")"
 
