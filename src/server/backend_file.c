@@ -22,6 +22,7 @@
 
 struct file_priv {
   bool is_blockdev;
+  uint32_t lbs;        /* a block device's logical block size */
   bool can_punch;      /* cleared once the file system says no */
   bool can_zero_range; /* likewise */
   /* SEEK_HOLE on tmpfs walks the page cache page by page up to the next
@@ -144,6 +145,58 @@ file_write_zeroes(struct export *e, uint64_t len, uint64_t off, bool fua)
   return fua ? file_flush(e) : 0;
 }
 
+/* A block device discards and zeroes whole logical blocks only (EINVAL
+ * otherwise), while clients may ask for any byte range: [*a, *b) is the
+ * part of off + len made of whole blocks, empty when there is none. */
+static void
+blk_inner(const struct file_priv *fp, uint64_t off, uint64_t len,
+          uint64_t *a, uint64_t *b)
+{
+  *a = (off + fp->lbs - 1) / fp->lbs * fp->lbs;
+  *b = (off + len) / fp->lbs * fp->lbs;
+  if (*b < *a)
+    *b = *a;
+}
+
+/* Zeroes a range of a block device. The device does the whole blocks:
+ * with fast, only through the kernel's no-fallback paths (punch, which
+ * may unmap, or FALLOC_FL_WRITE_ZEROES, which may not), so that a device
+ * without a zeroing command answers ENOTSUP instead of the kernel writing
+ * zeroes for it; without fast, BLKZEROOUT, which falls back to that.
+ * The partial blocks at either edge (a few hundred bytes at most) are
+ * written as zeroes. */
+static int
+blk_zero(struct export *e, uint64_t len, uint64_t off, bool may_trim,
+         bool fast)
+{
+  struct file_priv *fp = e->priv;
+  uint64_t a, b;
+  int r = 0;
+  blk_inner(fp, off, len, &a, &b);
+  if (b > a && fast) {
+#ifndef FALLOC_FL_WRITE_ZEROES
+#define FALLOC_FL_WRITE_ZEROES 0x80 /* Linux 6.17 */
+#endif
+    int mode = may_trim ? FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+                        : FALLOC_FL_WRITE_ZEROES;
+    r = fallocate(e->fd, mode, (off_t)a, (off_t)(b - a)) == 0 ? 0 : -errno;
+    if (r == -EOPNOTSUPP || r == -EINVAL)
+      return -ENOTSUP; /* an older kernel, or no zeroing command */
+  } else if (b > a) {
+    uint64_t range[2] = { a, b - a };
+    r = ioctl(e->fd, BLKZEROOUT, range) == 0 ? 0 : -errno;
+    if (r == -EOPNOTSUPP || r == -ENOTTY)
+      r = file_write_zeroes(e, b - a, a, false);
+  } else {
+    a = b = off; /* no whole block: all of it is edge */
+  }
+  if (r == 0 && a > off)
+    r = file_write_zeroes(e, a - off, off, false);
+  if (r == 0 && off + len > b)
+    r = file_write_zeroes(e, off + len - b, b, false);
+  return r;
+}
+
 static int
 file_punch(struct export *e, uint64_t len, uint64_t off)
 {
@@ -152,8 +205,11 @@ file_punch(struct export *e, uint64_t len, uint64_t off)
     return -EOPNOTSUPP;
   int r;
   if (fp->is_blockdev) {
-    uint64_t range[2] = { off, len };
-    r = ioctl(e->fd, BLKDISCARD, range) == 0 ? 0 : -errno;
+    /* TRIM is advisory: partial blocks at the edges are left alone. */
+    uint64_t a, b;
+    blk_inner(fp, off, len, &a, &b);
+    uint64_t range[2] = { a, b - a };
+    r = b == a || ioctl(e->fd, BLKDISCARD, range) == 0 ? 0 : -errno;
   } else {
     r = fallocate(e->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                   (off_t)off, (off_t)len) == 0 ? 0 : -errno;
@@ -179,14 +235,13 @@ file_zero(struct export *e, uint64_t len, uint64_t off, bool may_trim,
       return -errno;
     return fua ? file_flush(e) : 0;
   }
+  if (fp->is_blockdev) {
+    r = blk_zero(e, len, off, may_trim, fast);
+    return r == 0 && fua ? file_flush(e) : r;
+  }
   if (fp->can_zero_range) {
-    int mode = fp->is_blockdev ? 0 : FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE;
-    if (fp->is_blockdev) {
-      uint64_t range[2] = { off, len };
-      r = ioctl(e->fd, BLKZEROOUT, range) == 0 ? 0 : -errno;
-    } else {
-      r = fallocate(e->fd, mode, (off_t)off, (off_t)len) == 0 ? 0 : -errno;
-    }
+    r = fallocate(e->fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE,
+                  (off_t)off, (off_t)len) == 0 ? 0 : -errno;
     file_forget_hint(e); /* ZERO_RANGE may leave unwritten extents */
     if (r == 0)
       return fua ? file_flush(e) : 0;
@@ -361,7 +416,10 @@ backend_file_open(struct export *e, const char *path)
     return -err;
   }
   if (S_ISBLK(st.st_mode)) {
+    int lbs = 0;
     fp->is_blockdev = true;
+    fp->lbs = ioctl(e->fd, BLKSSZGET, &lbs) == 0 && lbs > 0 ? (uint32_t)lbs
+                                                             : 512;
     if (ioctl(e->fd, BLKGETSIZE64, &e->size) < 0) {
       int err = errno;
       log_error("export \"%s\": cannot size block device %s: %s", e->name,
