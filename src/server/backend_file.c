@@ -22,7 +22,8 @@
 
 struct file_priv {
   bool is_blockdev;
-  uint32_t lbs;        /* a block device's logical block size */
+  bool no_fast_zero;   /* a block device that refused a fast zero (atomic) */
+  uint32_t unit;       /* a block device's zeroing unit, see blk_inner */
   bool can_punch;      /* cleared once the file system says no */
   bool can_zero_range; /* likewise */
   /* SEEK_HOLE on tmpfs walks the page cache page by page up to the next
@@ -146,49 +147,58 @@ file_write_zeroes(struct export *e, uint64_t len, uint64_t off, bool fua)
 }
 
 /* A block device discards and zeroes whole logical blocks only (EINVAL
- * otherwise), while clients may ask for any byte range: [*a, *b) is the
- * part of off + len made of whole blocks, empty when there is none. */
+ * otherwise), while clients may ask for any byte range. [*a, *b) is the
+ * part of off + len made of whole units, empty when there is none; a unit
+ * is a logical block, but at least a page, so that no cached page is
+ * shared between what the device zeroes and what is written around it. */
 static void
 blk_inner(const struct file_priv *fp, uint64_t off, uint64_t len,
           uint64_t *a, uint64_t *b)
 {
-  *a = (off + fp->lbs - 1) / fp->lbs * fp->lbs;
-  *b = (off + len) / fp->lbs * fp->lbs;
+  *a = (off + fp->unit - 1) / fp->unit * fp->unit;
+  *b = (off + len) / fp->unit * fp->unit;
   if (*b < *a)
     *b = *a;
 }
 
-/* Zeroes a range of a block device. The device does the whole blocks:
- * with fast, only through the kernel's no-fallback paths (punch, which
- * may unmap, or FALLOC_FL_WRITE_ZEROES, which may not), so that a device
- * without a zeroing command answers ENOTSUP instead of the kernel writing
- * zeroes for it; without fast, BLKZEROOUT, which falls back to that.
- * The partial blocks at either edge (a few hundred bytes at most) are
- * written as zeroes. */
+/* Zeroes a range of a block device: the device does the whole units
+ * (BLKZEROOUT, where the kernel writes the zeroes itself if the device
+ * has no zeroing command), and the partial units at the edges are
+ * written as zeroes. A fast zero must not fall back: only a punch that
+ * may unmap refuses to (no call from user space both keeps the blocks
+ * provisioned and refuses to fall back, so NO_HOLE is never fast here). */
 static int
 blk_zero(struct export *e, uint64_t len, uint64_t off, bool may_trim,
          bool fast)
 {
   struct file_priv *fp = e->priv;
   uint64_t a, b;
-  int r = 0;
+  int r;
   blk_inner(fp, off, len, &a, &b);
-  if (b > a && fast) {
-#ifndef FALLOC_FL_WRITE_ZEROES
-#define FALLOC_FL_WRITE_ZEROES 0x80 /* Linux 6.17 */
-#endif
-    int mode = may_trim ? FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
-                        : FALLOC_FL_WRITE_ZEROES;
-    r = fallocate(e->fd, mode, (off_t)a, (off_t)(b - a)) == 0 ? 0 : -errno;
-    if (r == -EOPNOTSUPP || r == -EINVAL)
-      return -ENOTSUP; /* an older kernel, or no zeroing command */
+  if (fast) {
+    if (!may_trim || b == a ||
+        __atomic_load_n(&fp->no_fast_zero, __ATOMIC_RELAXED))
+      return -ENOTSUP;
+    /* The punch drops the range's cached pages, dirty ones too, before
+     * it asks the device; should the device say no, their data would be
+     * lost, so it reaches the device first. */
+    r = sync_file_range(e->fd, (off_t)a, (off_t)(b - a),
+                        SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                        SYNC_FILE_RANGE_WAIT_AFTER) == 0 ? 0 : -errno;
+    if (r == 0)
+      r = fallocate(e->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                    (off_t)a, (off_t)(b - a)) == 0 ? 0 : -errno;
+    if (r == -EOPNOTSUPP) { /* no zeroing command: do not ask again */
+      __atomic_store_n(&fp->no_fast_zero, true, __ATOMIC_RELAXED);
+      return -ENOTSUP;
+    }
   } else if (b > a) {
     uint64_t range[2] = { a, b - a };
     r = ioctl(e->fd, BLKZEROOUT, range) == 0 ? 0 : -errno;
     if (r == -EOPNOTSUPP || r == -ENOTTY)
       r = file_write_zeroes(e, b - a, a, false);
   } else {
-    a = b = off; /* no whole block: all of it is edge */
+    return file_write_zeroes(e, len, off, false); /* all of it is edge */
   }
   if (r == 0 && a > off)
     r = file_write_zeroes(e, a - off, off, false);
@@ -205,7 +215,7 @@ file_punch(struct export *e, uint64_t len, uint64_t off)
     return -EOPNOTSUPP;
   int r;
   if (fp->is_blockdev) {
-    /* TRIM is advisory: partial blocks at the edges are left alone. */
+    /* TRIM is advisory: partial units at the edges are left alone. */
     uint64_t a, b;
     blk_inner(fp, off, len, &a, &b);
     uint64_t range[2] = { a, b - a };
@@ -417,9 +427,11 @@ backend_file_open(struct export *e, const char *path)
   }
   if (S_ISBLK(st.st_mode)) {
     int lbs = 0;
+    long page = sysconf(_SC_PAGESIZE);
     fp->is_blockdev = true;
-    fp->lbs = ioctl(e->fd, BLKSSZGET, &lbs) == 0 && lbs > 0 ? (uint32_t)lbs
-                                                             : 512;
+    if (ioctl(e->fd, BLKSSZGET, &lbs) < 0 || lbs <= 0)
+      lbs = 512;
+    fp->unit = page > lbs ? (uint32_t)page : (uint32_t)lbs;
     if (ioctl(e->fd, BLKGETSIZE64, &e->size) < 0) {
       int err = errno;
       log_error("export \"%s\": cannot size block device %s: %s", e->name,

@@ -23,6 +23,8 @@ conn_log(struct conn *c, const char *fmt, ...)
 {
   char msg[512];
   va_list ap;
+  if (conn_nlogged(c) > CONN_LOG_CAP) /* and the count stops growing */
+    return;
   int n = __atomic_fetch_add(&c->nlogged, 1, __ATOMIC_RELAXED);
   if (n > CONN_LOG_CAP)
     return;
