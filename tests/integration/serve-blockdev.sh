@@ -42,8 +42,6 @@ attach () {
         skip "cannot attach a loop device: $(cat "$TMP/losetup.err")"
     on_exit "losetup -d '$LOOP'"
 }
-# queue DEV NAME: a figure of the device's request queue (0 if absent).
-queue () { cat "/sys/block/$(basename "$1")/queue/$2" 2>/dev/null || echo 0; }
 
 truncate -s 32M "$TMP/fs/backing.img"
 attach "$TMP/fs/backing.img"
