@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "proto/nbd.h"
 #include "util/log.h"
@@ -89,6 +90,15 @@ export_close(struct export *e)
   free(e->name);
   free(e->description);
   free(e);
+}
+
+const char *
+export_kind(const struct export *e)
+{
+  struct stat st;
+  if (e->fd >= 0 && fstat(e->fd, &st) == 0 && S_ISBLK(st.st_mode))
+    return "block device";
+  return e->ops->kind;
 }
 
 uint16_t

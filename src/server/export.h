@@ -63,6 +63,8 @@ struct export {
 int export_open(const char *arg, bool read_only, struct export **out);
 void export_close(struct export *e);
 
+/* What e is, for the log: "file", "block device", "memory" or "null". */
+const char *export_kind(const struct export *e);
 /* Transmission flags for e, given whether structured replies are on. */
 uint16_t export_tflags(const struct export *e, bool structured);
 

@@ -1057,7 +1057,8 @@ server_run(struct server_config *cfg, char **export_args, int nexports)
   }
   for (int i = 0; i < s.nexports; i++)
     log_info("export \"%s\": %s, %llu bytes%s", s.exports[i]->name,
-             s.exports[i]->ops->kind, (unsigned long long)s.exports[i]->size,
+             export_kind(s.exports[i]),
+             (unsigned long long)s.exports[i]->size,
              s.exports[i]->read_only ? ", read-only" : "");
   ret = loop_run(main_loop) < 0 ? 1 : 0;
 cleanup:

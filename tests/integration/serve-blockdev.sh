@@ -58,6 +58,8 @@ same "$TMP/sparse.img" "$dev"
   "$(sha "$TMP/sparse.img")" ] || fail "sum of the device"
 
 serve_start --unix "$TMP/nbd.sock" "$dev"
+grep -q "export \"$dev\": block device, $((32 << 20)) bytes" "$SERVER_LOG" ||
+    fail "the start-up log does not call $dev a block device: $(cat "$SERVER_LOG")"
 u=$(uri "$TMP/nbd.sock")
 [ "$(nbdinfo --size "$u")" = $((32 << 20)) ] || fail "nbdinfo size"
 fill
