@@ -12,21 +12,8 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need nbdcopy libnbd-bin
 need qemu-img qemu-utils
-need unshare util-linux
-
-if [ -z "${NBDFLOW_FULLDISK_NS:-}" ]; then
-    unshare -m true 2>/dev/null ||
-        skip "cannot make a private mount namespace (unshare -m needs root)"
-    export NBDFLOW=$NBDFLOW NBDFLOW_FULLDISK_NS=1
-    exec unshare -m --propagation private bash "$0" "$@"
-fi
-
-tmpdir_make
+private_tmpfs 4 "$@"
 fs=$TMP/fs
-mkdir "$fs"
-mount -t tmpfs -o size=4M nbdflow-full "$fs" ||
-    skip "cannot mount a tmpfs in the private namespace"
-on_exit "umount -l '$fs'"
 
 make_random "$TMP/src.img" 8
 
@@ -75,18 +62,11 @@ grep -q "unix client (fd [0-9]*): export \"$fs/export.img\": WRITE offset [0-9]*
 # A client that keeps writing to the full disk (a guest, say) gets ENOSPC
 # every time, but the log takes at most 16 lines from it and says so.
 python3 - "$sock" "$LIB_DIR/../hostile/lib" >"$TMP/flood.out" 2>&1 <<'EOF' ||
-import socket, sys
+import sys
 sys.path.insert(0, sys.argv[2])
 import rawnbd as r
 
-class Unix:
-    def connect(self, timeout):
-        s = socket.socket(socket.AF_UNIX)
-        s.settimeout(timeout)
-        s.connect(sys.argv[1])
-        return s
-
-c = r.Conn(Unix()).open_export()
+c = r.Conn(r.UnixServer(sys.argv[1])).open_export()
 for i in range(40):
     err, _ = c.do(r.CMD_WRITE, 4 << 20, 65536, payload=bytes([i + 1]) * 65536)
     r.expect_err(err, r.ENOSPC, "WRITE %d to the full disk" % i)

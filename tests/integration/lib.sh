@@ -124,6 +124,28 @@ all_zero () {
 
 sha () { sha256sum "$1" | cut -d' ' -f1; }
 
+# ---- A small file system of the test's own -------------------------------
+
+# private_tmpfs MIB "$@": re-runs the calling test (once) in a private mount
+# namespace, where it makes TMP and mounts a tmpfs of MIB MiB at $TMP/fs
+# that nothing outside sees; unmounted at exit. Skips, saying why, where
+# either is not allowed.
+private_tmpfs () {
+    local mib=$1; shift
+    if [ -z "${NBDFLOW_PRIVATE_NS:-}" ]; then
+        need unshare util-linux
+        unshare -m true 2>/dev/null ||
+            skip "cannot make a private mount namespace (unshare -m needs root)"
+        export NBDFLOW NBDFLOW_PRIVATE_NS=1
+        exec unshare -m --propagation private bash "$0" "$@"
+    fi
+    tmpdir_make
+    mkdir "$TMP/fs"
+    mount -t tmpfs -o "size=${mib}M" nbdflow-test "$TMP/fs" ||
+        skip "cannot mount a tmpfs in the private namespace"
+    on_exit "umount -l '$TMP/fs'"
+}
+
 # ---- Network -------------------------------------------------------------------
 
 # Prints a TCP port that was free on HOST (default 127.0.0.1) a moment ago.

@@ -20,21 +20,8 @@ need nbdcopy libnbd-bin
 need nbdinfo libnbd-bin
 need qemu-img qemu-utils
 need losetup mount
-need unshare util-linux
 need python3
-
-if [ -z "${NBDFLOW_BLOCKDEV_NS:-}" ]; then
-    unshare -m true 2>/dev/null ||
-        skip "cannot make a private mount namespace (unshare -m needs root)"
-    export NBDFLOW=$NBDFLOW NBDFLOW_BLOCKDEV_NS=1
-    exec unshare -m --propagation private bash "$0" "$@"
-fi
-
-tmpdir_make
-mkdir "$TMP/fs"
-mount -t tmpfs -o size=40M nbdflow-blk "$TMP/fs" ||
-    skip "cannot mount a tmpfs in the private namespace"
-on_exit "umount -l '$TMP/fs'"
+private_tmpfs 40 "$@"
 
 # attach FILE: LOOP becomes a loop device over FILE, detached at exit.
 attach () {
@@ -79,19 +66,12 @@ same "$TMP/sparse.img" "$TMP/out.img"
 # probe SOCK DEV: raw requests against the export of DEV.
 probe () {
     python3 - "$1" "$LIB_DIR/../hostile/lib" "$2" <<'EOF'
-import os, socket, sys
+import os, sys
 sys.path.insert(0, sys.argv[2])
 import rawnbd as r
 
-class Unix:
-    def connect(self, timeout):
-        s = socket.socket(socket.AF_UNIX)
-        s.settimeout(timeout)
-        s.connect(sys.argv[1])
-        return s
-
 SPAN = 65536
-c = r.Conn(Unix()).open_export(structured=False)
+c = r.Conn(r.UnixServer(sys.argv[1])).open_export(structured=False)
 ff = b"\xff" * SPAN
 
 def write_ff():

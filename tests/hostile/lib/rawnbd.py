@@ -433,6 +433,20 @@ def free_port(host="127.0.0.1"):
     return port
 
 
+class UnixServer:
+    """A server someone else started, on a Unix socket: Conn(UnixServer(path))
+    for shell tests that drive a few raw requests."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def connect(self, timeout=IO_TIMEOUT):
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(timeout)
+        s.connect(self.path)
+        return s
+
+
 class Server:
     """nbdflow serve on a free loopback port, stderr captured to a file.
 
