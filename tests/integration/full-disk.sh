@@ -4,8 +4,9 @@
 #   offset, the length and ENOSPC, a non-zero exit, no report.
 # - nbdflow serve with its export on that file system: each client (ours,
 #   nbdcopy, qemu-img) is told ENOSPC and fails; the server logs the
-#   export, keeps serving, and once there is room again a copy through
-#   the same server lands whole.
+#   client and the export (at most 16 lines a connection), keeps
+#   serving, and once there is room again a copy through the same server
+#   lands whole.
 # The small file system is a tmpfs mounted in a private mount namespace
 # that the test makes for itself, so nothing outside it sees the mount.
 set -euo pipefail
