@@ -237,17 +237,17 @@ file_zero(struct export *e, uint64_t len, uint64_t off, bool may_trim,
   struct file_priv *fp = e->priv;
   int r;
 
+  if (fp->is_blockdev) {
+    r = blk_zero(e, len, off, may_trim, fast);
+    return r == 0 && fua ? file_flush(e) : r;
+  }
   /* A punched hole reads as zeroes on every Linux file system that
    * supports punching; without may_trim, re-allocate it afterwards. */
-  if (!fp->is_blockdev && (r = file_punch(e, len, off)) == 0) {
+  if (file_punch(e, len, off) == 0) {
     if (!may_trim &&
         fallocate(e->fd, FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) < 0)
       return -errno;
     return fua ? file_flush(e) : 0;
-  }
-  if (fp->is_blockdev) {
-    r = blk_zero(e, len, off, may_trim, fast);
-    return r == 0 && fua ? file_flush(e) : r;
   }
   if (fp->can_zero_range) {
     r = fallocate(e->fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE,
@@ -255,7 +255,7 @@ file_zero(struct export *e, uint64_t len, uint64_t off, bool may_trim,
     file_forget_hint(e); /* ZERO_RANGE may leave unwritten extents */
     if (r == 0)
       return fua ? file_flush(e) : 0;
-    if (r != -EOPNOTSUPP && r != -ENOTTY)
+    if (r != -EOPNOTSUPP)
       return r;
     fp->can_zero_range = false;
   }
