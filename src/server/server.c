@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -881,6 +882,7 @@ static void *
 sloop_thread(void *arg)
 {
   struct sloop *sl = arg;
+  prctl(PR_SET_NAME, "nbdflow-loop");
   if (loop_run(sl->loop) < 0)
     log_error("event loop failed: %s", strerror(errno));
   return NULL;

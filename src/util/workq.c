@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 
 struct workq {
   pthread_mutex_t lock;
@@ -19,6 +20,7 @@ static void *
 workq_thread(void *arg)
 {
   struct workq *q = arg;
+  prctl(PR_SET_NAME, "nbdflow-io"); /* tells workers apart in ps, traces */
   for (;;) {
     pthread_mutex_lock(&q->lock);
     while (q->head == NULL && !q->stop)
