@@ -77,5 +77,6 @@ backend_null_open(struct export *e, uint64_t size)
   e->size = size;
   e->can_trim = true;
   e->can_fast_zero = true;
+  e->write_in_memory = true;
   return 0;
 }

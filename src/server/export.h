@@ -2,8 +2,10 @@
  *
  * Backends are file (regular files and block devices), memory and null.
  * Every function may block (file I/O) and is called from worker threads,
- * concurrently for different requests of one or several connections; each
- * backend is responsible for its own thread safety. Offsets and lengths
+ * concurrently for different requests of one or several connections; on
+ * an export with write_in_memory, pwrite and splice_in are also called
+ * from event-loop threads. Each backend is responsible for its own thread
+ * safety. Offsets and lengths
  * have been checked against the export size before any call. All return 0
  * or -errno. */
 #ifndef NBDFLOW_SERVER_EXPORT_H
@@ -54,6 +56,10 @@ struct export {
   bool read_only;
   bool can_trim;      /* TRIM does something */
   bool can_fast_zero; /* zeroing is cheaper than writing */
+  /* A WRITE only copies into memory and never waits for a device: a
+   * file on tmpfs or ramfs while no swap is active, or null. The event
+   * loop runs small ones itself (SERVER_INLINE_WRITE). */
+  bool write_in_memory;
   int fd;             /* file backend; -1 otherwise */
   void *priv;         /* backend state, owned by the backend */
 };

@@ -1058,10 +1058,14 @@ server_run(struct server_config *cfg, char **export_args, int nexports)
     s.wrote_pidfile = true;
   }
   for (int i = 0; i < s.nexports; i++)
-    log_info("export \"%s\": %s, %llu bytes%s", s.exports[i]->name,
+    log_info("export \"%s\": %s, %llu bytes%s%s", s.exports[i]->name,
              export_kind(s.exports[i]),
              (unsigned long long)s.exports[i]->size,
-             s.exports[i]->read_only ? ", read-only" : "");
+             s.exports[i]->read_only ? ", read-only" : "",
+             s.exports[i]->write_in_memory && s.exports[i]->fd >= 0 &&
+                     !s.exports[i]->read_only
+                 ? ", in memory (writes up to 1 MiB on the event loop)"
+                 : "");
   ret = loop_run(main_loop) < 0 ? 1 : 0;
 cleanup:
   if (sfd >= 0)

@@ -41,6 +41,13 @@
 #define SERVER_KEEP_BUF (4u << 20)
 #define SERVER_UNIX_SNDBUF (2 << 20)
 #define SERVER_SPLICE_MIN (64u << 10) /* smaller payloads are copied */
+/* WRITEs up to this size, without FUA, to an export whose writes only
+ * copy into memory (write_in_memory) run on the event loop: the write is
+ * a copy like the one the loop makes of every smaller payload, and waking
+ * a worker for it cost more than the copy on a machine whose cores the
+ * client keeps busy. Larger ones go to a worker, so that the loop goes on
+ * reading while a client with a small socket buffer sends the next. */
+#define SERVER_INLINE_WRITE (1u << 20)
 /* Pipes one spliced payload may span: a process without CAP_SYS_RESOURCE
  * gets pipes of at most fs.pipe-max-size (1 MiB by default), and partly
  * filled pages may take more slots than the payload's size says. */

@@ -1,0 +1,146 @@
+#!/bin/bash
+# serve-inmemory.sh: a file export on tmpfs, while no swap is active, only
+# ever copies into memory when written, so the event loop runs its WRITEs
+# of up to 1 MiB without FUA itself instead of waking a worker. Larger
+# WRITEs, FUA WRITEs, and every WRITE to a file on other storage go to
+# the workers. Traces which threads write into each export's file (the
+# loop threads are named nbdflow / nbdflow-loop, the workers nbdflow-io)
+# and checks the start-up line that says so. Every copy and every raw
+# write is verified byte for byte.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+need_strace
+need nbdcopy libnbd-bin
+need qemu-img qemu-utils
+private_tmpfs 160 "$@"
+fs=$TMP/fs
+[ "$(wc -l </proc/swaps)" -le 1 ] ||
+    skip "swap is active: tmpfs pages may then wait for the swap device"
+
+MIB=32
+total=$((MIB << 20))
+make_random "$TMP/src.img" $MIB
+make_random "$TMP/src2.img" $MIB
+make_random "$TMP/src3.img" $MIB
+truncate -s "${MIB}M" "$fs/target.img"
+sock=$TMP/nbd.sock
+exports=("$fs/target.img")
+disk_type=$(stat -f -c %T "$TMP")
+case $disk_type in
+    tmpfs|ramfs) on_disk=false ;;
+    *) on_disk=true
+       truncate -s "${MIB}M" "$TMP/disk.img"
+       exports+=("disk=$TMP/disk.img") ;;
+esac
+serve_start --unix "$sock" "${exports[@]}"
+pid=$SERVER_PID
+
+grep -q "export \"$fs/target.img\": file, $total bytes, in memory (writes up to 1 MiB on the event loop)" \
+    "$SERVER_LOG" || fail "no in-memory start-up line: $(cat "$SERVER_LOG")"
+note "ok: the tmpfs export is announced as in memory"
+if $on_disk; then
+    grep -q "export \"disk\": file, $total bytes$" "$SERVER_LOG" ||
+        fail "the $disk_type export is called in memory: $(cat "$SERVER_LOG")"
+    note "ok: the $disk_type export is not"
+fi
+
+# traced FILE CMD...: runs CMD with the server's writes traced; sets
+# LOOP and IO to the bytes that loop and worker threads wrote into FILE.
+traced () {
+    local file=$1 fd; shift
+    fd=$(find "/proc/$pid/fd" -lname "$file" -printf '%f\n' | head -1)
+    [ -n "$fd" ] || fail "the server holds no fd of $file"
+    rm -f "$TMP"/trace.*
+    strace -ff -qq -e trace=pwrite64,pwritev2,splice -o "$TMP/trace" \
+        -p "$pid" &
+    local st=$! t f n comm
+    wait_for grep -q '^TracerPid:[[:space:]]*[1-9]' "/proc/$pid/status"
+    "$@" || { kill "$st"; fail "failed: $*"; }
+    LOOP=0 IO=0
+    for f in "$TMP"/trace.*; do
+        t=${f##*.}
+        comm=$(cat "/proc/$pid/task/$t/comm") ||
+            fail "thread $t of the server is gone"
+        n=$(awk -v fd="$fd" '
+            ($0 ~ "^splice\\([0-9]+, NULL, " fd ", " ||
+             $0 ~ "^pwrite(64|v2)\\(" fd ", ") && / = [0-9]+$/ { s += $NF }
+            END { print s + 0 }' "$f")
+        case $comm in
+            nbdflow|nbdflow-loop) LOOP=$((LOOP + n)) ;;
+            nbdflow-io) IO=$((IO + n)) ;;
+            *) [ "$n" = 0 ] || fail "thread $t ($comm) wrote $n bytes" ;;
+        esac
+    done
+    kill -INT "$st"
+    wait "$st" || true
+}
+
+# nbdcopy: 256 KiB requests over several connections, spliced payloads.
+traced "$fs/target.img" nbdcopy "$TMP/src.img" "$(uri "$sock")"
+same "$TMP/src.img" "$fs/target.img"
+[ "$LOOP" = "$total" ] && [ "$IO" = 0 ] ||
+    fail "nbdcopy, 256 KiB: loops wrote $LOOP, workers $IO of $total bytes"
+note "ok: nbdcopy's 256 KiB writes: all $LOOP bytes by the event loops"
+
+# 32 KiB requests: payloads below the splice size, copied then written.
+traced "$fs/target.img" nbdcopy --request-size=32768 "$TMP/src2.img" \
+    "$(uri "$sock")"
+same "$TMP/src2.img" "$fs/target.img"
+[ "$LOOP" = "$total" ] && [ "$IO" = 0 ] ||
+    fail "nbdcopy, 32 KiB: loops wrote $LOOP, workers $IO of $total bytes"
+note "ok: nbdcopy's 32 KiB writes: all by the event loops"
+
+# qemu-img writes 2 MiB at a time: too large, the workers take them.
+traced "$fs/target.img" \
+    qemu-img convert -n -W -f raw -O raw "$TMP/src3.img" "$(uri "$sock")"
+same "$TMP/src3.img" "$fs/target.img"
+[ "$IO" = "$total" ] && [ "$LOOP" = 0 ] ||
+    fail "qemu-img, 2 MiB: loops wrote $LOOP, workers $IO of $total bytes"
+note "ok: qemu-img's 2 MiB writes: all by the workers"
+
+# FUA goes to a worker whatever the size; the same size without it does
+# not. Pipelined, then read back.
+raw_writes () {
+    python3 - "$sock" "$LIB_DIR/../hostile/lib" "$1" <<'EOF'
+import sys
+sys.path.insert(0, sys.argv[2])
+import rawnbd as r
+
+name = sys.argv[3].encode()
+c = r.Conn(r.UnixServer(sys.argv[1])).open_export(name)
+K = 64 << 10
+writes = {}
+for i in range(16):
+    for fua in (0, r.CMD_FLAG_FUA):
+        off = (2 * i + (1 if fua else 0)) * K
+        data = bytes([i + 1 + (100 if fua else 0)]) * K
+        cookie = 1000 + 2 * i + (1 if fua else 0)
+        c.request(r.CMD_WRITE, off, K, fua, cookie, data)
+        writes[cookie] = (off, data)
+for _ in writes:
+    err, _ = c.reply()
+    r.expect_err(err, 0, "WRITE")
+for off, data in writes.values():
+    err, got = c.do(r.CMD_READ, off, K)
+    r.expect_err(err, 0, "READ at %d" % off)
+    r.expect(got == data, "the bytes written at %d read back" % off)
+c.request(r.CMD_DISC)
+print("32 writes of 64 KiB, 16 with FUA, read back")
+EOF
+}
+traced "$fs/target.img" raw_writes ""
+[ "$LOOP" = $((16 << 16)) ] && [ "$IO" = $((16 << 16)) ] ||
+    fail "64 KiB writes, half FUA: loops wrote $LOOP, workers $IO bytes"
+note "ok: 64 KiB writes: the 16 without FUA by the loops, with FUA by workers"
+
+if $on_disk; then
+    traced "$TMP/disk.img" nbdcopy "$TMP/src.img" "nbd+unix:///disk?socket=$sock"
+    same "$TMP/src.img" "$TMP/disk.img"
+    [ "$IO" = "$total" ] && [ "$LOOP" = 0 ] ||
+        fail "$disk_type export: loops wrote $LOOP, workers $IO bytes"
+    note "ok: a file on $disk_type: all $IO bytes by the workers"
+else
+    note "the test's directory is on $disk_type: no other file system to compare"
+fi
+serve_stop
+echo "PASS: small writes to memory-backed files run on the event loop"
