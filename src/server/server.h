@@ -3,10 +3,12 @@
  * Threads: a few event-loop threads (struct sloop). The first owns the
  * listeners and the stop signals; it accepts, and hands each connection
  * to the loop that has the fewest, which owns from then on its reading
- * side and its handshake. Requests run on a worker pool; a worker sends
- * its own reply when the socket takes it at once, and otherwise leaves
- * it queued for the connection's loop to flush on EPOLLOUT. Nothing on a
- * loop thread ever blocks. */
+ * side and its handshake. Requests run on a worker pool, but for small
+ * WRITEs to an export in memory, which the loop runs itself
+ * (SERVER_INLINE_WRITE); whoever ran a request sends its reply when the
+ * socket takes it at once, and otherwise leaves it queued for the
+ * connection's loop to flush on EPOLLOUT. Nothing on a loop thread waits
+ * for a device. */
 #ifndef NBDFLOW_SERVER_SERVER_H
 #define NBDFLOW_SERVER_SERVER_H
 
@@ -134,9 +136,10 @@ enum conn_state {
 #define REQ_MAX_CHUNKS 16
 
 /* One request in transmission. Owned by the loop while its payload is
- * read, then by one worker while it runs, then by the connection's send
- * queue until its reply has left; then it returns to the connection's free
- * list. buf belongs to the request the whole time: no one else writes it. */
+ * read, then by one worker (or the loop: SERVER_INLINE_WRITE) while it
+ * runs, then by the connection's send queue until its reply has left;
+ * then it returns to the connection's free list. buf belongs to the
+ * request the whole time: no one else writes it. */
 struct req {
   struct work work;
   struct conn *c;

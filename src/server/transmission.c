@@ -265,7 +265,7 @@ run_block_status(struct req *q)
   reply_iov(q, q->buf, plen);
 }
 
-/* Worker: writes a spliced payload, pipe after pipe, and leaves every pipe
+/* Worker (or loop): writes a spliced payload, pipe after pipe, and leaves every pipe
  * empty whatever happens (the request reuses them). FUA goes with the
  * last piece, whose flush covers them all. */
 static int
