@@ -34,11 +34,11 @@ serve_tcp "$TMP/dense.img"
 strace -f -qq -p "$SERVER_PID" -e trace=lseek -o "$TMP/lseek.log" &
 tracer=$!
 for ((i = 0; i < 50; i++)); do
-    grep -q TracerPid:.*[1-9] "/proc/$SERVER_PID/status" && break
+    all_traced "$SERVER_PID" && break
     sleep 0.1
 done
-grep -q 'TracerPid:.*[1-9]' "/proc/$SERVER_PID/status" ||
-    fail "strace did not attach to the server"
+all_traced "$SERVER_PID" ||
+    fail "strace did not attach to every thread of the server"
 check "read the dense export" nbdcopy --request-size=262144 --requests=16 \
     "$URI" "$TMP/out.img"
 kill -INT "$tracer"

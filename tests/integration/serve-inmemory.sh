@@ -4,7 +4,8 @@
 # of up to 1 MiB without FUA itself instead of waking a worker. Larger
 # WRITEs, FUA WRITEs, and every WRITE to a file on other storage go to
 # the workers. Traces which threads write into each export's file (the
-# loop threads are named nbdflow / nbdflow-loop, the workers nbdflow-io)
+# first event loop runs on the main thread, the others are named
+# nbdflow-loop, the workers nbdflow-io)
 # and checks the start-up line that says so. Every copy and every raw
 # write is verified byte for byte.
 set -euo pipefail
@@ -47,14 +48,15 @@ fi
 # traced FILE CMD...: runs CMD with the server's writes traced; sets
 # LOOP and IO to the bytes that loop and worker threads wrote into FILE.
 traced () {
-    local file=$1 fd; shift
+    local file fd; file=$(readlink -f "$1"); shift
     fd=$(find "/proc/$pid/fd" -lname "$file" -printf '%f\n' | head -1)
     [ -n "$fd" ] || fail "the server holds no fd of $file"
     rm -f "$TMP"/trace.*
     strace -ff -qq -e trace=pwrite64,pwritev2,splice -o "$TMP/trace" \
         -p "$pid" &
     local st=$! t f n comm
-    wait_for grep -q '^TracerPid:[[:space:]]*[1-9]' "/proc/$pid/status"
+    # strace attaches thread after thread: wait for the last of them
+    wait_for all_traced "$pid"
     "$@" || { kill "$st"; fail "failed: $*"; }
     LOOP=0 IO=0
     for f in "$TMP"/trace.*; do
@@ -65,8 +67,9 @@ traced () {
             ($0 ~ "^splice\\([0-9]+, NULL, " fd ", " ||
              $0 ~ "^pwrite(64|v2)\\(" fd ", ") && / = [0-9]+$/ { s += $NF }
             END { print s + 0 }' "$f")
+        [ "$t" = "$pid" ] && comm=nbdflow-loop # runs the first loop
         case $comm in
-            nbdflow|nbdflow-loop) LOOP=$((LOOP + n)) ;;
+            nbdflow-loop) LOOP=$((LOOP + n)) ;;
             nbdflow-io) IO=$((IO + n)) ;;
             *) [ "$n" = 0 ] || fail "thread $t ($comm) wrote $n bytes" ;;
         esac

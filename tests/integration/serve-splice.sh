@@ -32,7 +32,7 @@ traced () {
     # one file per thread (-ff): no call is split across lines
     strace -ff -qq -e trace=splice -o "$TMP/trace" -p "$pid" &
     local st=$!
-    wait_for grep -q '^TracerPid:[[:space:]]*[1-9]' "/proc/$pid/status"
+    wait_for all_traced "$pid"
     "$@" || { kill "$st"; fail "copy failed: $*"; }
     kill -INT "$st"
     wait "$st" || true
