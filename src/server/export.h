@@ -5,9 +5,8 @@
  * concurrently for different requests of one or several connections; on
  * an export with write_in_memory, pwrite and splice_in are also called
  * from event-loop threads. Each backend is responsible for its own thread
- * safety. Offsets and lengths
- * have been checked against the export size before any call. All return 0
- * or -errno. */
+ * safety. Offsets and lengths have been checked against the export size
+ * before any call. All return 0 or -errno. */
 #ifndef NBDFLOW_SERVER_EXPORT_H
 #define NBDFLOW_SERVER_EXPORT_H
 

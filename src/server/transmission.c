@@ -265,9 +265,9 @@ run_block_status(struct req *q)
   reply_iov(q, q->buf, plen);
 }
 
-/* Worker (or loop): writes a spliced payload, pipe after pipe, and leaves every pipe
- * empty whatever happens (the request reuses them). FUA goes with the
- * last piece, whose flush covers them all. */
+/* Worker (or loop): writes a spliced payload, pipe after pipe, and leaves
+ * every pipe empty whatever happens (the request reuses them). FUA goes
+ * with the last piece, whose flush covers them all. */
 static int
 req_splice_out(struct req *q, bool fua)
 {

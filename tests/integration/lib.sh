@@ -290,17 +290,17 @@ forget_pid () {
 # need_strace: strace installed and allowed to trace here, or a loud skip.
 # LeakSanitizer cannot run under ptrace, so in a sanitizer build the traced
 # runs check memory errors only (every other test still checks leaks).
-# all_traced PID: every thread of PID has a tracer. strace -p attaches
-# one thread after another, so a trace is complete only once this holds.
-all_traced () {
-    ! grep -q '^TracerPid:[[:space:]]*0$' /proc/"$1"/task/*/status
-}
-
 need_strace () {
     need strace
     export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
     strace -f -qq -o /dev/null true 2>/dev/null ||
         skip "strace cannot trace here (ptrace not permitted)"
+}
+
+# all_traced PID: every thread of PID has a tracer. strace -p attaches
+# one thread after another, so a trace is complete only once this holds.
+all_traced () {
+    ! grep -q '^TracerPid:[[:space:]]*0$' /proc/"$1"/task/*/status
 }
 
 # ---- The link emulator ------------------------------------------------------

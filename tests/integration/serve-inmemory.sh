@@ -5,9 +5,8 @@
 # WRITEs, FUA WRITEs, and every WRITE to a file on other storage go to
 # the workers. Traces which threads write into each export's file (the
 # first event loop runs on the main thread, the others are named
-# nbdflow-loop, the workers nbdflow-io)
-# and checks the start-up line that says so. Every copy and every raw
-# write is verified byte for byte.
+# nbdflow-loop, the workers nbdflow-io) and checks the start-up line that
+# says so. Every copy and every raw write is verified byte for byte.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need_strace
