@@ -1057,15 +1057,17 @@ server_run(struct server_config *cfg, char **export_args, int nexports)
       goto cleanup;
     s.wrote_pidfile = true;
   }
-  for (int i = 0; i < s.nexports; i++)
-    log_info("export \"%s\": %s, %llu bytes%s%s", s.exports[i]->name,
-             export_kind(s.exports[i]),
-             (unsigned long long)s.exports[i]->size,
-             s.exports[i]->read_only ? ", read-only" : "",
-             s.exports[i]->write_in_memory && s.exports[i]->fd >= 0 &&
-                     !s.exports[i]->read_only
-                 ? ", in memory (writes up to 1 MiB on the event loop)"
-                 : "");
+  for (int i = 0; i < s.nexports; i++) {
+    const struct export *e = s.exports[i];
+    char mem[64] = "";
+    if (e->write_in_memory && e->fd >= 0 && !e->read_only)
+      snprintf(mem, sizeof mem,
+               ", in memory (writes up to %u MiB on the event loop)",
+               SERVER_INLINE_WRITE >> 20);
+    log_info("export \"%s\": %s, %llu bytes%s%s", e->name, export_kind(e),
+             (unsigned long long)e->size, e->read_only ? ", read-only" : "",
+             mem);
+  }
   ret = loop_run(main_loop) < 0 ? 1 : 0;
 cleanup:
   if (sfd >= 0)

@@ -303,6 +303,34 @@ all_traced () {
     ! grep -q '^TracerPid:[[:space:]]*0$' /proc/"$1"/task/*/status
 }
 
+# traced_writes PID FILE SYSCALLS CMD...: runs CMD while strace follows
+# every thread of PID for SYSCALLS (a comma list of pwrite64, pwritev2
+# and splice); sets WROTE[TID] to the bytes that thread's calls put into
+# FILE, for each thread that made any of them.
+traced_writes () {
+    local pid=$1 file fd syscalls=$3 st f
+    file=$(readlink -f "$2")
+    shift 3
+    fd=$(find "/proc/$pid/fd" -lname "$file" -printf '%f\n' | head -1)
+    [ -n "$fd" ] || fail "the server holds no fd of $file"
+    rm -f "$TMP"/trace.*
+    # one file per thread (-ff): no call is split across lines
+    strace -ff -qq -e trace="$syscalls" -o "$TMP/trace" -p "$pid" &
+    st=$!
+    wait_for all_traced "$pid"
+    "$@" || { kill "$st"; fail "failed: $*"; }
+    kill -INT "$st"
+    wait "$st" || true
+    declare -gA WROTE=()
+    for f in "$TMP"/trace.*; do
+        [ -e "$f" ] || continue
+        WROTE[${f##*.}]=$(awk -v fd="$fd" '
+            ($0 ~ "^splice\\([0-9]+, NULL, " fd ", " ||
+             $0 ~ "^pwrite(64|v2)\\(" fd ", ") && / = [0-9]+$/ { s += $NF }
+            END { print s + 0 }' "$f")
+    done
+}
+
 # ---- The link emulator ------------------------------------------------------
 
 # linkem_prereqs: sets LINKEM, UP and DOWN (the emulator and its netns

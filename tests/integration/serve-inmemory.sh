@@ -47,34 +47,21 @@ fi
 # traced FILE CMD...: runs CMD with the server's writes traced; sets
 # LOOP and IO to the bytes that loop and worker threads wrote into FILE.
 traced () {
-    local file fd; file=$(readlink -f "$1"); shift
-    fd=$(find "/proc/$pid/fd" -lname "$file" -printf '%f\n' | head -1)
-    [ -n "$fd" ] || fail "the server holds no fd of $file"
-    rm -f "$TMP"/trace.*
-    strace -ff -qq -e trace=pwrite64,pwritev2,splice -o "$TMP/trace" \
-        -p "$pid" &
-    local st=$! t f n comm
-    # strace attaches thread after thread: wait for the last of them
-    wait_for all_traced "$pid"
-    "$@" || { kill "$st"; fail "failed: $*"; }
+    local file=$1 t comm
+    shift
+    traced_writes "$pid" "$file" pwrite64,pwritev2,splice "$@"
     LOOP=0 IO=0
-    for f in "$TMP"/trace.*; do
-        t=${f##*.}
+    for t in "${!WROTE[@]}"; do
         comm=$(cat "/proc/$pid/task/$t/comm") ||
             fail "thread $t of the server is gone"
-        n=$(awk -v fd="$fd" '
-            ($0 ~ "^splice\\([0-9]+, NULL, " fd ", " ||
-             $0 ~ "^pwrite(64|v2)\\(" fd ", ") && / = [0-9]+$/ { s += $NF }
-            END { print s + 0 }' "$f")
         [ "$t" = "$pid" ] && comm=nbdflow-loop # runs the first loop
         case $comm in
-            nbdflow-loop) LOOP=$((LOOP + n)) ;;
-            nbdflow-io) IO=$((IO + n)) ;;
-            *) [ "$n" = 0 ] || fail "thread $t ($comm) wrote $n bytes" ;;
+            nbdflow-loop) LOOP=$((LOOP + WROTE[$t])) ;;
+            nbdflow-io) IO=$((IO + WROTE[$t])) ;;
+            *) [ "${WROTE[$t]}" = 0 ] ||
+                   fail "thread $t ($comm) wrote ${WROTE[$t]} bytes" ;;
         esac
     done
-    kill -INT "$st"
-    wait "$st" || true
 }
 
 # nbdcopy: 256 KiB requests over several connections, spliced payloads.

@@ -24,21 +24,10 @@ pid=$SERVER_PID
 # traced CMD...: runs CMD with the server traced for splice calls into the
 # export's file; sets SPLICED to the bytes they moved.
 traced () {
-    local fd
-    fd=$(find "/proc/$pid/fd" -lname "$TMP/target.img" -printf '%f\n' |
-        head -1)
-    [ -n "$fd" ] || fail "the server holds no fd of the export file"
-    rm -f "$TMP"/trace.*
-    # one file per thread (-ff): no call is split across lines
-    strace -ff -qq -e trace=splice -o "$TMP/trace" -p "$pid" &
-    local st=$!
-    wait_for all_traced "$pid"
-    "$@" || { kill "$st"; fail "copy failed: $*"; }
-    kill -INT "$st"
-    wait "$st" || true
-    SPLICED=$(awk -v fd="$fd" '
-        $0 ~ "splice\\([0-9]+, NULL, " fd ", " && / = [0-9]+$/ { s += $NF }
-        END { print s + 0 }' "$TMP"/trace.*)
+    local t
+    traced_writes "$pid" "$TMP/target.img" splice "$@"
+    SPLICED=0
+    for t in "${!WROTE[@]}"; do SPLICED=$((SPLICED + WROTE[$t])); done
 }
 
 traced qemu-img convert -n -W -f raw -O raw "$TMP/src.img" "$URI"
