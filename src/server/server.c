@@ -358,13 +358,22 @@ conn_may_read(struct conn *c)
   return !__atomic_load_n(&c->paused, __ATOMIC_ACQUIRE);
 }
 
-/* Reads and handles as much as the socket has, without blocking. */
+/* Reads and handles what the socket has, without blocking, for one turn
+ * (SERVER_TURN_BYTES); a connection with more to read then queues itself
+ * behind the loop's other work, and its tick reads on. */
 static void
 conn_read(struct conn *c)
 {
+  size_t turn = 0;
   while (conn_may_read(c)) {
+    if (turn >= SERVER_TURN_BYTES) {
+      conn_resume(c);
+      return;
+    }
     if (c->state == CS_REQ_SPLICE) {
+      size_t before = c->have;
       int r = conn_read_splice(c);
+      turn += c->have > before ? c->have - before : 0;
       if (r == 0)
         return;
       if (r == 2)
@@ -384,6 +393,7 @@ conn_read(struct conn *c)
       c->have += n;
     }
     if (c->have == c->need) {
+      turn += SERVER_TURN_MSG;
       if (conn_step(c) < 0) {
         conn_close(c, NULL);
         return;
@@ -400,13 +410,17 @@ conn_read(struct conn *c)
                  (c->last_spliced && c->state == CS_REQ_HDR);
     if (exact) {
       n = c->t.ops->recv(&c->t, c->dst + c->have, want);
-      if (n > 0)
+      if (n > 0) {
         c->have += (size_t)n;
+        turn += (size_t)n;
+      }
     } else {
       c->in_off = c->in_len = 0;
       n = c->t.ops->recv(&c->t, c->inbuf, sizeof c->inbuf);
-      if (n > 0)
+      if (n > 0) {
         c->in_len = (size_t)n;
+        turn += (size_t)n;
+      }
     }
     if (n == -EAGAIN) {
       conn_drained(c);

@@ -54,6 +54,13 @@
  * gets pipes of at most fs.pipe-max-size (1 MiB by default), and partly
  * filled pages may take more slots than the payload's size says. */
 #define REQ_PIPES 4
+/* What one connection may read in one turn of its loop, counting each
+ * message handled as SERVER_TURN_MSG bytes, before its loop's other
+ * connections, timers and signals get theirs: a client that sends cheap
+ * requests, or WRITEs that run on the loop, faster than they are answered
+ * would otherwise keep the loop to itself. */
+#define SERVER_TURN_BYTES (4u << 20)
+#define SERVER_TURN_MSG 4096u
 #define SERVER_TICK_MS 200
 /* After SIGTERM/SIGINT: how long requests in flight may take to be
  * answered, and clients still negotiating to leave, before the server
