@@ -21,6 +21,7 @@ MIB = 1 << 20
 OURS_SERVER = "nbdflow"
 OURS_CLIENT = "nbdflow-copy"
 NULL_SERVER = "nbdflow-null"
+BASE_SERVER = "nbdflow-base"
 TARGET_SERVER = 1.3
 TARGET_CLIENT = 1.3
 TARGET_SPARSE = 1.2
@@ -185,6 +186,7 @@ def section_servers(out, rows, meta):
                       True)
     out.append("")
     servers_null_reference(out, arms, clients, transports, servers)
+    servers_baseline(out, arms, clients, transports, meta)
 
 
 def servers_null_reference(out, arms, clients, transports, servers):
@@ -208,6 +210,37 @@ def servers_null_reference(out, arms, clients, transports, servers):
     out.append("|---|---|---|---|---|---|")
     server_ratio_rows(out, arms, clients, transports, servers, NULL_SERVER,
                       False)
+    out.append("")
+
+
+def servers_baseline(out, arms, clients, transports, meta):
+    """nbdflow serve against the same server built from BENCH_BASELINE,
+    run by run: the two ran seconds apart in every run, so the median of
+    the per-run ratios is the steadier figure on a noisy machine."""
+    if not any(k[1] == BASE_SERVER for k in arms):
+        return
+    base = dict(meta).get("baseline", "another revision")
+    out.append("Against a baseline build: the same clients into `nbdflow "
+               "serve` built from %s, in the same runs. Paired: the median "
+               "of the per-run ratios (this build in run i against the "
+               "baseline in run i), and their range." % base)
+    out.append("")
+    out.append("| client | transport | nbdflow | baseline | ratio of "
+               "medians | paired ratio | per-run range |")
+    out.append("|---|---|---|---|---|---|---|")
+    for c in clients:
+        for t in transports:
+            ours, old = arms.get((c, OURS_SERVER, t)), arms.get((c, BASE_SERVER, t))
+            if not ours or not old or not ours.ok or not old.ok:
+                continue
+            a, b = ours.by_run(mibs), old.by_run(mibs)
+            per_run = [a[r] / b[r] for r in a if r in b]
+            out.append("| %s | %s | %s | %s | %s | %s | %s |" % (
+                c, t, fmt(ours.median(mibs)), fmt(old.median(mibs)),
+                fmt_ratio(ours.median(mibs) / old.median(mibs)),
+                fmt_ratio(statistics.median(per_run)) if per_run else "-",
+                "%.2f-%.2f" % (min(per_run), max(per_run))
+                if per_run else "-"))
     out.append("")
 
 
