@@ -297,10 +297,11 @@ conn_drained(struct conn *c)
 }
 
 /* Moves a WRITE payload from the socket into its request's pipes, the
- * next one when one is full. Returns 1 when all of it is there, 0 when the
- * socket is empty, 2 when it fell back to the buffer, -1 to close. */
+ * next one when one is full, at most about limit bytes of it this call.
+ * Returns 1 when all of it is there, 0 when the socket is empty, 2 when it
+ * fell back to the buffer, 3 when limit is reached, -1 to close. */
 static int
-conn_read_splice(struct conn *c)
+conn_read_splice(struct conn *c, size_t limit)
 {
   struct req *q = c->cur;
   if (c->in_off < c->in_len) { /* bytes that came with the header */
@@ -321,9 +322,14 @@ conn_read_splice(struct conn *c)
     if (w < (ssize_t)n) /* the rest must come first: copy it all */
       return conn_splice_fallback(c);
   }
+  size_t moved = 0;
   while (c->have < c->need) {
+    if (moved >= limit)
+      return 3;
+    size_t want = c->need - c->have;
     ssize_t n = sock_splice_to_pipe(c->fd, q->pipe[q->pipe_cur][1],
-                                    c->need - c->have);
+                                    want < limit - moved ? want
+                                                         : limit - moved);
     if (n == -EAGAIN && sock_readable_bytes(c->fd) > 0) {
       /* The pipe is full, not the socket: on to the next one. */
       if (q->pipe_cur + 1 >= q->npipes && req_add_pipe(q) < 0)
@@ -341,6 +347,7 @@ conn_read_splice(struct conn *c)
       return -1;
     }
     c->have += (size_t)n;
+    moved += (size_t)n;
     q->pipe_len[q->pipe_cur] += (size_t)n;
     c->unacked = true;
   }
@@ -360,22 +367,25 @@ conn_may_read(struct conn *c)
 
 /* Reads and handles what the socket has, without blocking, for one turn
  * (SERVER_TURN_BYTES); a connection with more to read then queues itself
- * behind the loop's other work, and its tick reads on. */
+ * behind the loop's other work (yielded), and its tick reads on. */
 static void
 conn_read(struct conn *c)
 {
   size_t turn = 0;
   while (conn_may_read(c)) {
     if (turn >= SERVER_TURN_BYTES) {
+      c->yielded = true;
       conn_resume(c);
       return;
     }
     if (c->state == CS_REQ_SPLICE) {
       size_t before = c->have;
-      int r = conn_read_splice(c);
+      int r = conn_read_splice(c, SERVER_TURN_BYTES - turn);
       turn += c->have > before ? c->have - before : 0;
       if (r == 0)
         return;
+      if (r == 3)
+        continue; /* the turn is over: yield above */
       if (r == 2)
         continue; /* now an ordinary payload read */
       if (r < 0 || transmission_payload(c) < 0) {
@@ -403,6 +413,8 @@ conn_read(struct conn *c)
     /* Large payloads go straight into their buffer; small messages are
      * read in bulk so that one recv serves many headers. */
     size_t want = c->need - c->have;
+    if (want > SERVER_TURN_BYTES - turn)
+      want = SERVER_TURN_BYTES - turn; /* a turn ends inside a payload */
     ssize_t n;
     /* After a spliced payload, the next header is read on its own, so
      * that the next payload stays in the socket for splice to move. */
@@ -480,8 +492,10 @@ conn_on_event(struct loop *l, int fd, uint32_t events, void *arg)
       return;
     }
   }
-  /* Also after EPOLLOUT: bytes already in inbuf wait for no event. */
-  conn_read(c);
+  /* Also after EPOLLOUT: bytes already in inbuf wait for no event. A
+   * connection whose turn ran out is read by the tick, behind the rest. */
+  if (!c->yielded)
+    conn_read(c);
 }
 
 /* ---- accepting ---- */
@@ -717,10 +731,12 @@ sloop_tick(struct loop *l, void *arg)
       } else if (done) {
         conn_close(c, NULL);
       } else {
-        /* A worker resumed reading or wants EPOLLOUT. */
+        /* A worker resumed reading or wants EPOLLOUT, or the
+         * connection's last turn ran out. */
         pthread_mutex_lock(&c->lock);
         conn_update_events(c);
         pthread_mutex_unlock(&c->lock);
+        c->yielded = false;
         conn_read(c);
       }
     }

@@ -232,6 +232,7 @@ struct conn {
   bool hs_failed;       /* handshake output could not be queued */
   bool send_failed;     /* a worker saw the socket fail: loop closes */
   bool last_spliced;    /* loop only: the last WRITE payload was spliced */
+  bool yielded;         /* loop only: turn ran out; the tick reads on */
   bool unacked;         /* bytes read since the last forced ACK */
   bool in_resume;       /* on sl->resume (under srv->lock) */
   struct req *sendq, *sendq_tail; /* replies waiting for the socket */
