@@ -230,7 +230,8 @@ def servers_baseline(out, arms, clients, transports, meta):
     out.append("|---|---|---|---|---|---|---|")
     for c in clients:
         for t in transports:
-            ours, old = arms.get((c, OURS_SERVER, t)), arms.get((c, BASE_SERVER, t))
+            ours = arms.get((c, OURS_SERVER, t))
+            old = arms.get((c, BASE_SERVER, t))
             if not ours or not old or not ours.ok or not old.ok:
                 continue
             a, b = ours.by_run(mibs), old.by_run(mibs)
