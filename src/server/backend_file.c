@@ -404,31 +404,14 @@ const struct backend_ops backend_file_ops = {
   .close = file_close,
 };
 
-/* Whether any swap area is active: then tmpfs pages may be swapped out,
- * and writing to them may wait for the swap device. */
+/* A regular file whose pages live only in memory, swap aside. */
 static bool
-swap_active(void)
-{
-  FILE *f = fopen("/proc/swaps", "re");
-  if (f == NULL)
-    return true; /* cannot tell: assume the worse */
-  char line[256];
-  int lines = 0;
-  while (fgets(line, sizeof line, f) != NULL)
-    lines++;
-  fclose(f);
-  return lines > 1; /* the first line is the header */
-}
-
-/* A regular file whose pages live only in memory. */
-static bool
-file_in_memory(int fd)
+file_on_memory_fs(int fd)
 {
   struct statfs sf;
   if (fstatfs(fd, &sf) < 0)
     return false;
-  return (sf.f_type == TMPFS_MAGIC || sf.f_type == RAMFS_MAGIC) &&
-         !swap_active();
+  return sf.f_type == TMPFS_MAGIC || sf.f_type == RAMFS_MAGIC;
 }
 
 int
@@ -470,7 +453,8 @@ backend_file_open(struct export *e, const char *path)
     }
   } else if (S_ISREG(st.st_mode)) {
     e->size = (uint64_t)st.st_size;
-    e->write_in_memory = file_in_memory(e->fd);
+    e->memory_fs = !e->read_only && file_on_memory_fs(e->fd);
+    e->write_in_memory = e->memory_fs && !export_swap_active();
   } else {
     log_error("export \"%s\": %s is neither a regular file nor a block "
               "device", e->name, path);

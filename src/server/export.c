@@ -2,6 +2,7 @@
 #include "export.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -116,4 +117,18 @@ export_tflags(const struct export *e, bool structured)
   if (e->can_trim)
     f |= NBD_FLAG_SEND_TRIM;
   return f;
+}
+
+bool
+export_swap_active(void)
+{
+  FILE *f = fopen("/proc/swaps", "re");
+  if (f == NULL)
+    return true; /* cannot tell: assume the worse */
+  char line[256];
+  int lines = 0;
+  while (fgets(line, sizeof line, f) != NULL)
+    lines++;
+  fclose(f);
+  return lines > 1; /* the first line is the header */
 }

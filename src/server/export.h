@@ -57,8 +57,13 @@ struct export {
   bool can_fast_zero; /* zeroing is cheaper than writing */
   /* A WRITE only copies into memory and never waits for a device: a
    * file on tmpfs or ramfs while no swap is active, or null. The event
-   * loop runs small ones itself (SERVER_INLINE_WRITE). */
+   * loop runs small ones itself (SERVER_INLINE_WRITE). Read by every
+   * thread and, on a memory_fs export, changed by the first loop as swap
+   * comes and goes: access it atomically. */
   bool write_in_memory;
+  /* A writable regular file on tmpfs or ramfs: in memory while no swap
+   * is active (export_swap_active). */
+  bool memory_fs;
   int fd;             /* file backend; -1 otherwise */
   void *priv;         /* backend state, owned by the backend */
 };
@@ -67,6 +72,11 @@ struct export {
  * it. On failure logs one line naming the argument and returns -errno. */
 int export_open(const char *arg, bool read_only, struct export **out);
 void export_close(struct export *e);
+
+/* Whether any swap area is active (or that cannot be told): then tmpfs
+ * pages may be swapped out, and writing to them may wait for the swap
+ * device. Reads /proc/swaps. */
+bool export_swap_active(void);
 
 /* What e is, for the log: "file", "block device", "memory" or "null". */
 const char *export_kind(const struct export *e);

@@ -685,10 +685,39 @@ sloop_drain(struct sloop *sl)
     loop_stop(sl->loop);
 }
 
+/* Swap switched on after start-up lets tmpfs pages wait for the swap
+ * device, and an event loop must not wait for a device: loops[0] looks
+ * again at each sweep and moves the writes of memory_fs exports to the
+ * workers while swap is active, and back when it is gone. */
+static void
+server_watch_swap(struct server *s)
+{
+  bool any = false;
+  for (int i = 0; i < s->nexports; i++)
+    any = any || s->exports[i]->memory_fs;
+  if (!any)
+    return;
+  bool in_memory = !export_swap_active();
+  for (int i = 0; i < s->nexports; i++) {
+    struct export *e = s->exports[i];
+    if (!e->memory_fs ||
+        __atomic_load_n(&e->write_in_memory, __ATOMIC_RELAXED) == in_memory)
+      continue;
+    __atomic_store_n(&e->write_in_memory, in_memory, __ATOMIC_RELAXED);
+    if (in_memory)
+      log_info("export \"%s\": no swap is active now: writes up to %u MiB "
+               "run on the event loop again", e->name,
+               SERVER_INLINE_WRITE >> 20);
+    else
+      log_info("export \"%s\": swap is active now: its writes go to the "
+               "workers", e->name);
+  }
+}
+
 /* Every loop's periodic work, and its work on being woken: sockets
  * handed over, connections a worker asked about, TCP_INFO samples,
  * handshake deadlines and the shutdown drain; and on loops[0] the
- * listeners' pause. */
+ * listeners' pause and the swap watch. */
 static void
 sloop_tick(struct loop *l, void *arg)
 {
@@ -760,6 +789,8 @@ sloop_tick(struct loop *l, void *arg)
   if (now - sl->last_sweep_ms < 500)
     return;
   sl->last_sweep_ms = now;
+  if (sl == &s->loops[0])
+    server_watch_swap(s);
   struct conn *c, *next;
   for (c = sl->conns; c; c = next) {
     next = c->next;
@@ -1090,7 +1121,8 @@ server_run(struct server_config *cfg, char **export_args, int nexports)
   for (int i = 0; i < s.nexports; i++) {
     const struct export *e = s.exports[i];
     char mem[64] = "";
-    if (e->write_in_memory && e->fd >= 0 && !e->read_only)
+    if (e->memory_fs && __atomic_load_n(&e->write_in_memory,
+                                         __ATOMIC_RELAXED))
       snprintf(mem, sizeof mem,
                ", in memory (writes up to %u MiB on the event loop)",
                SERVER_INLINE_WRITE >> 20);

@@ -635,7 +635,8 @@ req_dispatch(struct conn *c, struct req *q)
     if (q->error)
       reply_error(q);
     req_send(q);
-  } else if (q->r.type == NBD_CMD_WRITE && c->exp->write_in_memory &&
+  } else if (q->r.type == NBD_CMD_WRITE &&
+             __atomic_load_n(&c->exp->write_in_memory, __ATOMIC_RELAXED) &&
              q->r.length <= SERVER_INLINE_WRITE &&
              !(q->r.flags & NBD_CMD_FLAG_FUA)) {
     req_run(&q->work); /* a copy into memory: see SERVER_INLINE_WRITE */

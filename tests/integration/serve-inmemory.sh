@@ -122,6 +122,38 @@ traced "$fs/target.img" raw_writes ""
     fail "64 KiB writes, half FUA: loops wrote $LOOP, workers $IO bytes"
 note "ok: 64 KiB writes: the 16 without FUA by the loops, with FUA by workers"
 
+# Swap switched on after start-up: tmpfs pages may then wait for the swap
+# device, so the writes must leave the loops within a sweep or two, and
+# come back when it is off. The server sees a swap area in a file mounted
+# over /proc/swaps, in this test's private mount namespace alone.
+printf 'Filename\tType\tSize\tUsed\tPriority\n/swapfile\tfile\t1048572\t0\t-2\n' \
+    >"$TMP/swaps"
+mount --bind "$TMP/swaps" /proc/swaps ||
+    fail "cannot mount a file over /proc/swaps in the private namespace"
+on_exit "umount /proc/swaps 2>/dev/null"
+# log_waits TEXT: waits up to 5 s for TEXT in the server's log.
+log_waits () {
+    local i
+    for i in $(seq 50); do
+        grep -qF "$1" "$SERVER_LOG" && return 0
+        sleep 0.1
+    done
+    fail "no \"$1\" in the server's log within 5 s: $(tail -3 "$SERVER_LOG")"
+}
+log_waits "export \"$fs/target.img\": swap is active now: its writes go to the workers"
+traced "$fs/target.img" nbdcopy "$TMP/src2.img" "$(uri "$sock")"
+same "$TMP/src2.img" "$fs/target.img"
+[ "$IO" = "$total" ] && [ "$LOOP" = 0 ] ||
+    fail "swap on, nbdcopy: loops wrote $LOOP, workers $IO of $total bytes"
+note "ok: swap switched on: all $IO bytes by the workers"
+umount /proc/swaps
+log_waits "export \"$fs/target.img\": no swap is active now: writes up to 1 MiB run on the event loop again"
+traced "$fs/target.img" nbdcopy "$TMP/src.img" "$(uri "$sock")"
+same "$TMP/src.img" "$fs/target.img"
+[ "$LOOP" = "$total" ] && [ "$IO" = 0 ] ||
+    fail "swap off again, nbdcopy: loops wrote $LOOP, workers $IO of $total bytes"
+note "ok: swap off again: all $LOOP bytes by the event loops"
+
 if $on_disk; then
     traced "$TMP/disk.img" nbdcopy "$TMP/src.img" "nbd+unix:///disk?socket=$sock"
     same "$TMP/src.img" "$TMP/disk.img"
