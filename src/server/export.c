@@ -52,6 +52,7 @@ export_open(const char *arg, bool read_only, struct export **out)
     return -ENOMEM;
   e->fd = -1;
   e->read_only = read_only;
+  pthread_mutex_init(&e->write_lock, NULL);
 
   /* NAME=TARGET, unless the '=' belongs to a path ("./a=b" is a path). */
   const char *eq = strchr(arg, '=');
@@ -88,6 +89,7 @@ export_close(struct export *e)
     return;
   if (e->ops && e->ops->close)
     e->ops->close(e);
+  pthread_mutex_destroy(&e->write_lock);
   free(e->name);
   free(e->description);
   free(e);

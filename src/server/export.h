@@ -10,6 +10,7 @@
 #ifndef NBDFLOW_SERVER_EXPORT_H
 #define NBDFLOW_SERVER_EXPORT_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -64,6 +65,12 @@ struct export {
   /* A writable regular file on tmpfs or ramfs: in memory while no swap
    * is active (export_swap_active). */
   bool memory_fs;
+  /* memory_fs: held around each WRITE into the file. The kernel lets one
+   * writer of a file in at a time and makes the others spin on its
+   * inode's lock; with this lock a loop that finds the file busy hands
+   * its write to a worker and reads on (SERVER_INLINE_WRITE), and a
+   * worker that waits sleeps instead of spinning. */
+  pthread_mutex_t write_lock;
   int fd;             /* file backend; -1 otherwise */
   void *priv;         /* backend state, owned by the backend */
 };

@@ -48,7 +48,11 @@
  * a copy like the one the loop makes of every smaller payload, and waking
  * a worker for it cost more than the copy on a machine whose cores the
  * client keeps busy. Larger ones go to a worker, so that the loop goes on
- * reading while a client with a small socket buffer sends the next. */
+ * reading while a client with a small socket buffer sends the next.
+ * Over TCP, a loop that finds the file busy (export write_lock) gives
+ * the write to a worker too: waiting there left the socket full, and the
+ * client's sending cost more than the worker (nbdcopy 1.13x as fast).
+ * Over a Unix socket it waits (handing off measured 0.97x). */
 #define SERVER_INLINE_WRITE (1u << 20)
 /* Pipes one spliced payload may span: a process without CAP_SYS_RESOURCE
  * gets pipes of at most fs.pipe-max-size (1 MiB by default), and partly
@@ -175,6 +179,8 @@ struct req {
   unsigned npipes, pipe_cur;
   size_t pipe_size;
   bool spliced;       /* this WRITE's payload is in the pipes, not buf */
+  bool on_loop;       /* this WRITE runs on the loop that read it */
+  bool write_locked;  /* the loop took exp->write_lock for this WRITE */
 };
 
 struct conn {

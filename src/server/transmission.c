@@ -288,6 +288,29 @@ req_splice_out(struct req *q, bool fua)
   return r;
 }
 
+/* A WRITE, under the export's write_lock when its file is in memory:
+ * taken here by a worker, or already by the loop that runs it over TCP
+ * (write_locked); over a Unix socket the loop writes without it
+ * (SERVER_INLINE_WRITE). */
+static int
+run_write(struct req *q, bool fua)
+{
+  struct export *e = q->c->exp;
+  bool lock = e->memory_fs && !q->write_locked && !q->on_loop;
+  int r;
+
+  if (lock)
+    pthread_mutex_lock(&e->write_lock);
+  if (q->spliced)
+    r = req_splice_out(q, fua);
+  else
+    r = e->ops->pwrite(e, q->buf, q->r.length, q->r.offset, fua);
+  if (lock || q->write_locked)
+    pthread_mutex_unlock(&e->write_lock);
+  q->write_locked = q->on_loop = false;
+  return r;
+}
+
 /* Runs the write-type commands, FLUSH and CACHE; returns 0 or -errno. */
 static int
 run_simple(struct req *q)
@@ -298,9 +321,7 @@ run_simple(struct req *q)
 
   switch (r->type) {
   case NBD_CMD_WRITE:
-    if (q->spliced)
-      return req_splice_out(q, fua);
-    return e->ops->pwrite(e, q->buf, r->length, r->offset, fua);
+    return run_write(q, fua);
   case NBD_CMD_FLUSH:
     return e->ops->flush(e);
   case NBD_CMD_TRIM:
@@ -610,6 +631,22 @@ req_check(struct conn *c, const struct wire_request *r, char *why,
   return 0;
 }
 
+/* Whether the loop runs this WRITE itself (SERVER_INLINE_WRITE): a
+ * small one without FUA into memory, unless over TCP the file is busy. */
+static bool
+req_write_on_loop(struct conn *c, struct req *q)
+{
+  struct export *e = c->exp;
+  if (q->r.type != NBD_CMD_WRITE ||
+      !__atomic_load_n(&e->write_in_memory, __ATOMIC_RELAXED) ||
+      q->r.length > SERVER_INLINE_WRITE || (q->r.flags & NBD_CMD_FLAG_FUA))
+    return false;
+  if (!e->memory_fs || !c->is_tcp)
+    return true;
+  q->write_locked = pthread_mutex_trylock(&e->write_lock) == 0;
+  return q->write_locked;
+}
+
 /* Hands a request over: to a worker, or straight to the socket when there
  * is nothing for the backend to do. */
 static void
@@ -635,10 +672,8 @@ req_dispatch(struct conn *c, struct req *q)
     if (q->error)
       reply_error(q);
     req_send(q);
-  } else if (q->r.type == NBD_CMD_WRITE &&
-             __atomic_load_n(&c->exp->write_in_memory, __ATOMIC_RELAXED) &&
-             q->r.length <= SERVER_INLINE_WRITE &&
-             !(q->r.flags & NBD_CMD_FLAG_FUA)) {
+  } else if (req_write_on_loop(c, q)) {
+    q->on_loop = true;
     req_run(&q->work); /* a copy into memory: see SERVER_INLINE_WRITE */
   } else {
     q->work.fn = req_run;

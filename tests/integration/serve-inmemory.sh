@@ -1,7 +1,8 @@
 #!/bin/bash
 # serve-inmemory.sh: a file export on tmpfs, while no swap is active, only
 # ever copies into memory when written, so the event loop runs its WRITEs
-# of up to 1 MiB without FUA itself instead of waking a worker. Larger
+# of up to 1 MiB without FUA itself instead of waking a worker (over TCP,
+# unless another thread is writing into the file at that moment). Larger
 # WRITEs, FUA WRITEs, and every WRITE to a file on other storage go to
 # the workers. Traces which threads write into each export's file (the
 # first event loop runs on the main thread, the others are named
@@ -78,6 +79,22 @@ same "$TMP/src2.img" "$fs/target.img"
 [ "$LOOP" = "$total" ] && [ "$IO" = 0 ] ||
     fail "nbdcopy, 32 KiB: loops wrote $LOOP, workers $IO of $total bytes"
 note "ok: nbdcopy's 32 KiB writes: all by the event loops"
+
+# Over TCP, a loop that finds the file busy (another thread is writing
+# into it) hands the write to a worker instead of waiting. Which of them
+# wrote what depends on timing; together they wrote it all, once, and
+# the first write found the file free. A second server, on TCP, serves
+# the same file meanwhile.
+unix_pid=$pid unix_log=$SERVER_LOG
+serve_tcp "$fs/target.img"
+pid=$SERVER_PID
+traced "$fs/target.img" nbdcopy "$TMP/src3.img" "$URI"
+same "$TMP/src3.img" "$fs/target.img"
+[ $((LOOP + IO)) = "$total" ] && [ "$LOOP" -gt 0 ] ||
+    fail "nbdcopy over TCP: loops wrote $LOOP, workers $IO of $total bytes"
+note "ok: nbdcopy over TCP: loops wrote $LOOP bytes, workers $IO"
+serve_stop "$pid"
+pid=$unix_pid SERVER_PID=$unix_pid SERVER_LOG=$unix_log
 
 # qemu-img writes 2 MiB at a time: too large, the workers take them.
 traced "$fs/target.img" \
