@@ -404,14 +404,14 @@ const struct backend_ops backend_file_ops = {
   .close = file_close,
 };
 
-/* A regular file whose pages live only in memory, swap aside. */
-static bool
-file_on_memory_fs(int fd)
+/* The magic number of the file system holding fd, 0 if unknown. */
+static unsigned long
+file_fs_type(int fd)
 {
   struct statfs sf;
   if (fstatfs(fd, &sf) < 0)
-    return false;
-  return sf.f_type == TMPFS_MAGIC || sf.f_type == RAMFS_MAGIC;
+    return 0;
+  return (unsigned long)sf.f_type;
 }
 
 int
@@ -453,8 +453,12 @@ backend_file_open(struct export *e, const char *path)
     }
   } else if (S_ISREG(st.st_mode)) {
     e->size = (uint64_t)st.st_size;
-    e->memory_fs = !e->read_only && file_on_memory_fs(e->fd);
-    e->write_in_memory = e->memory_fs && !export_swap_active();
+    unsigned long fs = e->read_only ? 0 : file_fs_type(e->fd);
+    e->memory_fs = fs == TMPFS_MAGIC || fs == RAMFS_MAGIC;
+    e->swappable = fs == TMPFS_MAGIC;
+    /* Swap that cannot be told counts as active. */
+    e->write_in_memory = e->memory_fs &&
+                         (!e->swappable || export_swap_active() == 0);
   } else {
     log_error("export \"%s\": %s is neither a regular file nor a block "
               "device", e->name, path);

@@ -121,12 +121,12 @@ export_tflags(const struct export *e, bool structured)
   return f;
 }
 
-bool
+int
 export_swap_active(void)
 {
   FILE *f = fopen("/proc/swaps", "re");
   if (f == NULL)
-    return true; /* cannot tell: assume the worse */
+    return -errno;
   char line[256];
   int lines = 0;
   while (fgets(line, sizeof line, f) != NULL)

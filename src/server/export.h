@@ -59,17 +59,21 @@ struct export {
   /* A WRITE only copies into memory and never waits for a device: a
    * file on tmpfs or ramfs while no swap is active, or null. The event
    * loop runs small ones itself (SERVER_INLINE_WRITE). Read by every
-   * thread and, on a memory_fs export, changed by the first loop as swap
+   * thread and, on a swappable export, changed by the first loop as swap
    * comes and goes: access it atomically. */
   bool write_in_memory;
-  /* A writable regular file on tmpfs or ramfs: in memory while no swap
-   * is active (export_swap_active). */
+  /* A writable regular file on tmpfs or ramfs. */
   bool memory_fs;
-  /* memory_fs: held around each WRITE into the file. The kernel lets one
-   * writer of a file in at a time and makes the others spin on its
-   * inode's lock; with this lock a loop that finds the file busy hands
-   * its write to a worker and reads on (SERVER_INLINE_WRITE), and a
-   * worker that waits sleeps instead of spinning. */
+  /* A memory_fs file on tmpfs, whose pages swap may move out: in memory
+   * only while no swap is active (export_swap_active). ramfs never swaps. */
+  bool swappable;
+  /* memory_fs: held by a worker around each WRITE into the file, and by a
+   * loop reading a TCP connection, which only tries it (a loop reading a
+   * Unix socket writes without it; TRIM and zeroing do not take it). The
+   * kernel lets one writer of a file in at a time and makes the others
+   * spin on its inode's lock; with this lock a TCP loop that finds the
+   * file busy hands its write to a worker and reads on
+   * (SERVER_INLINE_WRITE), and a worker that waits sleeps instead. */
   pthread_mutex_t write_lock;
   int fd;             /* file backend; -1 otherwise */
   void *priv;         /* backend state, owned by the backend */
@@ -80,10 +84,10 @@ struct export {
 int export_open(const char *arg, bool read_only, struct export **out);
 void export_close(struct export *e);
 
-/* Whether any swap area is active (or that cannot be told): then tmpfs
- * pages may be swapped out, and writing to them may wait for the swap
- * device. Reads /proc/swaps. */
-bool export_swap_active(void);
+/* Whether any swap area is active: then tmpfs pages may be swapped out,
+ * and writing to them may wait for the swap device. Reads /proc/swaps:
+ * 1 when one is, 0 when none is, -errno when that cannot be told. */
+int export_swap_active(void);
 
 /* What e is, for the log: "file", "block device", "memory" or "null". */
 const char *export_kind(const struct export *e);

@@ -687,20 +687,27 @@ sloop_drain(struct sloop *sl)
 
 /* Swap switched on after start-up lets tmpfs pages wait for the swap
  * device, and an event loop must not wait for a device: loops[0] looks
- * again at each sweep and moves the writes of memory_fs exports to the
- * workers while swap is active, and back when it is gone. */
+ * again at each sweep and moves the writes of swappable exports to the
+ * workers while swap is active, and back when it is gone. When
+ * /proc/swaps cannot be read (out of file descriptors, say), nothing
+ * changes. */
 static void
 server_watch_swap(struct server *s)
 {
   bool any = false;
   for (int i = 0; i < s->nexports; i++)
-    any = any || s->exports[i]->memory_fs;
+    any = any || s->exports[i]->swappable;
   if (!any)
     return;
-  bool in_memory = !export_swap_active();
+  int swap = export_swap_active();
+  if (swap < 0) {
+    log_debug("cannot read /proc/swaps: %s", strerror(-swap));
+    return;
+  }
+  bool in_memory = swap == 0;
   for (int i = 0; i < s->nexports; i++) {
     struct export *e = s->exports[i];
-    if (!e->memory_fs ||
+    if (!e->swappable ||
         __atomic_load_n(&e->write_in_memory, __ATOMIC_RELAXED) == in_memory)
       continue;
     __atomic_store_n(&e->write_in_memory, in_memory, __ATOMIC_RELAXED);

@@ -36,7 +36,7 @@ req_get(struct conn *c)
     if (q == NULL)
       return NULL;
   }
-  q->spliced = false;
+  q->spliced = q->on_loop = q->write_locked = false;
   q->cost = 0;
   q->c = c;
   q->error = 0;
