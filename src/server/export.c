@@ -131,6 +131,10 @@ export_swap_active(void)
   int lines = 0;
   while (fgets(line, sizeof line, f) != NULL)
     lines++;
+  /* A read that failed part-way counts as no answer, not as no swap. */
+  int err = ferror(f) ? (errno ? errno : EIO) : 0;
   fclose(f);
+  if (err)
+    return -err;
   return lines > 1; /* the first line is the header */
 }

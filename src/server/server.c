@@ -701,9 +701,15 @@ server_watch_swap(struct server *s)
     return;
   int swap = export_swap_active();
   if (swap < 0) {
-    log_debug("cannot read /proc/swaps: %s", strerror(-swap));
+    if (!s->swaps_unreadable)
+      log_warn("cannot read /proc/swaps: %s; writes stay where they run "
+               "until it can be read", strerror(-swap));
+    s->swaps_unreadable = true;
     return;
   }
+  if (s->swaps_unreadable)
+    log_info("/proc/swaps can be read again");
+  s->swaps_unreadable = false;
   bool in_memory = swap == 0;
   for (int i = 0; i < s->nexports; i++) {
     struct export *e = s->exports[i];

@@ -120,6 +120,7 @@ struct server {
   int nlisten;
   uint64_t accept_paused_ms; /* listeners off since (out of fds), or 0 */
   bool accept_starved;       /* out of fds since the last accept */
+  bool swaps_unreadable;     /* loops[0]: the last look at swap failed */
   size_t pipe_max;           /* fs.pipe-max-size: largest pipe we ask for */
   bool warned_sndbuf;     /* atomic: the clipped-SO_SNDBUF warning was given */
   struct tls_creds *tls; /* NULL when cfg.tls_mode is TLS_OFF */

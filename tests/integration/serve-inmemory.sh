@@ -206,6 +206,22 @@ log_waits () {
 log_waits "export \"$fs/target.img\": swap is active now: its writes go to the workers"
 all_by workers "swap on, nbdcopy" "$TMP/src2.img" "$fs/target.img" \
     nbdcopy "$TMP/src2.img" "$(uri "$sock")"
+# A /proc/swaps that cannot be read tells nothing, least of all that swap
+# is gone: the writes stay with the workers. The mem file of a live
+# process opens, but reading it from offset 0 fails.
+sleep 600 &
+holder=$!
+on_exit "kill $holder 2>/dev/null"
+mount --bind "/proc/$holder/mem" /proc/swaps ||
+    fail "cannot mount a second file over /proc/swaps"
+log_waits "cannot read /proc/swaps: Input/output error"
+all_by workers "/proc/swaps unreadable, nbdcopy" "$TMP/src3.img" \
+    "$fs/target.img" nbdcopy "$TMP/src3.img" "$(uri "$sock")"
+! grep -qF "no swap is active now" "$SERVER_LOG" ||
+    fail "an unreadable /proc/swaps was taken for no swap: $(tail -3 "$SERVER_LOG")"
+umount /proc/swaps # the fake file with a swap area again
+kill "$holder"
+log_waits "/proc/swaps can be read again"
 umount /proc/swaps
 log_waits "export \"$fs/target.img\": no swap is active now: writes up to 1 MiB run on the event loop again"
 all_by loops "swap off again, nbdcopy" "$TMP/src.img" "$fs/target.img" \
