@@ -7,7 +7,8 @@ set -euo pipefail
 build_pkgs=(gcc meson ninja-build pkg-config libgnutls28-dev nettle-dev
             libxxhash-dev)
 test_pkgs=(python3 nbdkit libnbd-bin qemu-utils nbd-server gnutls-bin
-           iproute2 iputils-ping iperf3 procps strace time util-linux)
+           iproute2 iputils-ping iperf3 procps strace time util-linux
+           e2fsprogs)
 
 case "${1:-all}" in
   build) want=("${build_pkgs[@]}") ;;

@@ -23,12 +23,18 @@
 #include "proto/nbd.h"
 #include "util/log.h"
 
+/* Whether the file system preallocates (fallocate mode 0). Some punch
+ * holes but cannot allocate (ext4 without extents): there a NO_HOLE
+ * zeroing that punched first would zero the range and then fail. */
+enum { FILE_ALLOC_UNKNOWN, FILE_ALLOC_YES, FILE_ALLOC_NO };
+
 struct file_priv {
   bool is_blockdev;
   bool no_fast_zero;   /* a block device that refused a fast zero (atomic) */
   uint32_t unit;       /* a block device's zeroing unit, see blk_inner */
   bool can_punch;      /* cleared once the file system says no */
   bool can_zero_range; /* likewise */
+  int can_alloc;       /* FILE_ALLOC_*: preallocation, probed (atomic) */
   /* SEEK_HOLE on tmpfs walks the page cache page by page up to the next
    * hole: asked once per READ or BLOCK_STATUS, it would cost every
    * request the rest of a dense file (minutes for 2 GiB). So the last
@@ -245,11 +251,24 @@ file_zero(struct export *e, uint64_t len, uint64_t off, bool may_trim,
     return r == 0 && fua ? file_flush(e) : r;
   }
   /* A punched hole reads as zeroes on every Linux file system that
-   * supports punching; without may_trim, re-allocate it afterwards. */
-  if (file_punch(e, len, off) == 0) {
+   * supports punching; without may_trim, it is allocated again after, on
+   * a file system known to allocate. The first such zeroing finds out by
+   * allocating its first block, which leaves the contents as they are. */
+  int alloc = __atomic_load_n(&fp->can_alloc, __ATOMIC_RELAXED);
+  if (!may_trim && alloc == FILE_ALLOC_UNKNOWN) {
+    off_t probe = len < 4096 ? (off_t)len : 4096;
+    if (fallocate(e->fd, FALLOC_FL_KEEP_SIZE, (off_t)off, probe) == 0)
+      alloc = FILE_ALLOC_YES;
+    else if (errno == EOPNOTSUPP)
+      alloc = FILE_ALLOC_NO;
+    else
+      return -errno;
+    __atomic_store_n(&fp->can_alloc, alloc, __ATOMIC_RELAXED);
+  }
+  if ((may_trim || alloc == FILE_ALLOC_YES) && file_punch(e, len, off) == 0) {
     if (!may_trim &&
         fallocate(e->fd, FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) < 0)
-      return -errno;
+      return -errno; /* out of space, say: the range reads as zeroes */
     return fua ? file_flush(e) : 0;
   }
   if (fp->can_zero_range) {

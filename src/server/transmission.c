@@ -354,13 +354,18 @@ req_run(struct work *w)
     if (r == 0) {
       reply_ok(q);
     } else {
-      bool quiet = r == -ENOTSUP && q->r.type == NBD_CMD_WRITE_ZEROES;
+      bool zero = q->r.type == NBD_CMD_WRITE_ZEROES;
+      bool quiet = zero && r == -ENOTSUP &&
+                   (q->r.flags & NBD_CMD_FLAG_FAST_ZERO);
       if (!quiet)
         conn_log(q->c, "export \"%s\": %s offset %llu length %llu: %s",
                  e->name, wire_cmd_name(q->r.type),
                  (unsigned long long)q->r.offset,
                  (unsigned long long)q->r.length, strerror(-r));
-      req_fail(q, -r, quiet ? "zeroing would not be fast" : strerror(-r));
+      const char *why = quiet ? "zeroing would not be fast" : strerror(-r);
+      if (zero && r == -ENOTSUP && !quiet)
+        r = -EIO; /* ENOTSUP is FAST_ZERO's answer alone (§WRITE_ZEROES) */
+      req_fail(q, -r, why);
       reply_error(q);
     }
   }
