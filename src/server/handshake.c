@@ -457,6 +457,23 @@ opt_meta_context(struct conn *c, const uint8_t *data, uint32_t len)
   opt_reply(c, NBD_REP_ACK, NULL, 0);
 }
 
+/* The options whose handlers read their data (and so cannot take data
+ * that was dropped for its size). */
+static bool
+opt_reads_data(uint32_t option)
+{
+  switch (option) {
+  case NBD_OPT_EXPORT_NAME:
+  case NBD_OPT_INFO:
+  case NBD_OPT_GO:
+  case NBD_OPT_LIST_META_CONTEXT:
+  case NBD_OPT_SET_META_CONTEXT:
+    return true;
+  default:
+    return false;
+  }
+}
+
 int
 handshake_option(struct conn *c)
 {
@@ -477,9 +494,10 @@ handshake_option(struct conn *c)
     opt_error(c, NBD_REP_ERR_SHUTDOWN, "the server is shutting down");
   } else if (opt_tls_required(c, &r)) {
     /* answered; an over-long option's data was dropped already */
-  } else if (c->state == CS_OPT_DISCARD && c->opt.option != NBD_OPT_ABORT) {
-    /* ABORT is answered below whatever its data: its ACK is a MUST and
-     * the data (dropped as it came) is to be ignored. */
+  } else if (c->state == CS_OPT_DISCARD && opt_reads_data(c->opt.option)) {
+    /* The others are answered below as with any data: ABORT's ACK is a
+     * MUST, an unknown option gets ERR_UNSUP (§Option types: MUST), and
+     * the options that take no data look at its length alone. */
     if (c->opt.option == NBD_OPT_EXPORT_NAME) {
       conn_log(c, "EXPORT_NAME of %u bytes is too long", len);
       return -1;

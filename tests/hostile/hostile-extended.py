@@ -14,7 +14,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "lib"))
 from rawnbd import *  # noqa: E402,F401,F403
 
-OPT_EXTENDED_HEADERS = 11
 REP_ERR_EXT_HEADER_REQD = REP_FLAG_ERROR | 10
 EXT_REQUEST_MAGIC = 0x21E41C71
 EXT_REPLY_MAGIC = 0x6E8A278C

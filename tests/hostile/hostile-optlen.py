@@ -91,6 +91,23 @@ def main(server):
         t, _ = c.option(option, b"junk")
         expect_rep(t, REP_ERR_INVALID, "option %d with 4 bytes of data"
                    % option)
+    # The same with more data than the server keeps (64 KiB): it drops
+    # the data as it comes, then answers as the option requires; only
+    # the options that carry data are refused for its size.
+    big = os.urandom(70000)
+    for option, want in ((0xDEAD, REP_ERR_UNSUP),
+                         (OPT_PEEK_EXPORT, REP_ERR_UNSUP),
+                         (OPT_LIST, REP_ERR_INVALID),
+                         (OPT_STRUCTURED_REPLY, REP_ERR_INVALID),
+                         (OPT_EXTENDED_HEADERS, REP_ERR_INVALID),
+                         (OPT_STARTTLS, REP_ERR_INVALID),
+                         (OPT_INFO, REP_ERR_TOO_BIG),
+                         (OPT_GO, REP_ERR_TOO_BIG),
+                         (OPT_LIST_META_CONTEXT, REP_ERR_TOO_BIG),
+                         (OPT_SET_META_CONTEXT, REP_ERR_TOO_BIG)):
+        t, _ = c.option(option, big)
+        expect_rep(t, want, "option %d with %d bytes of data"
+                   % (option, len(big)))
     # INFO/GO/META data whose inner lengths overrun the option length.
     bad = [
         b"\xff\xff\xff\xff\x00\x00",          # name length 2^32-1
