@@ -621,7 +621,10 @@ req_check(struct conn *c, const struct wire_request *r, char *why,
   if (r->type == NBD_CMD_READ && r->length > SERVER_MAX_PAYLOAD) {
     snprintf(why, wl, "READ of %llu bytes exceeds the maximum %u",
              (unsigned long long)r->length, SERVER_MAX_PAYLOAD);
-    return (r->flags & NBD_CMD_FLAG_DF) ? NBD_EOVERFLOW : NBD_EINVAL;
+    /* §NBD_CMD_READ: a client of chunked replies is told to expect
+     * EOVERFLOW for a read too large, and to retry smaller. */
+    bool chunked = c->structured || c->extended;
+    return chunked ? NBD_EOVERFLOW : NBD_EINVAL;
   }
   if (r->type == NBD_CMD_BLOCK_STATUS) {
     if (!c->meta_base_allocation) {

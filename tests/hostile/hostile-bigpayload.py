@@ -96,6 +96,17 @@ def main(server):
     except Closed:
         log("ok: server closed on a 64 MiB simple READ")
     c.close()
+    # With structured replies, with and without DF: EOVERFLOW, the error
+    # such a client is told to retry smaller on (§NBD_CMD_READ).
+    c = Conn(server)
+    c.open_export(structured=True)
+    for flags in (0, CMD_FLAG_DF):
+        err, _ = c.do(CMD_READ, 0, MAX + 1, flags=flags)
+        expect_err(err, EOVERFLOW, "structured READ of max+1 bytes, flags %d"
+                   % flags)
+    err, data = c.do(CMD_READ, 0, 4096)
+    expect(err == 0 and data == marker, "READ after the refused large READs")
+    c.close()
     # Payload-free commands may exceed the maximum: no disconnect.
     c = Conn(server)
     c.open_export()
