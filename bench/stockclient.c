@@ -103,12 +103,12 @@ stock_connect(const struct stock_opts *o)
 {
   int fd;
   if (o->unix_path) {
-    fd = sock_connect_unix(o->unix_path, NULL, NULL);
+    fd = sock_connect_unix(o->unix_path, -1, NULL, NULL);
   } else {
     char host[256], port[32];
     if (sock_split_hostport(o->tcp, host, port, "10809") < 0)
       return -EINVAL;
-    fd = sock_connect_tcp(host, port, NULL, NULL);
+    fd = sock_connect_tcp(host, port, -1, NULL, NULL);
   }
   if (fd < 0)
     return fd;

@@ -47,7 +47,8 @@ copy_usage(FILE *f)
     "  --verify               hash SRC while copying, read DST back, compare\n"
     "  --timeout SECONDS      fail when an NBD server answers none of its\n"
     "                         requests in flight for this long (default %d,\n"
-    "                         0: wait forever)\n"
+    "                         0: wait forever); connecting and the\n"
+    "                         handshake wait at most this, and 30 s at most\n"
     "  --progress[=json]      progress bar on a terminal, or JSON lines\n"
     "  --json                 final report as JSON on stdout\n"
     "\nDiagnostic options (reproduce stock clients; slow on purpose):\n"
@@ -283,7 +284,8 @@ copy_verify(struct copy_args *a, const struct copy_chunks *want,
   int rc = 1;
   if (copy_session_open(&s) < 0)
     goto out;
-  struct endpoint_opts eo = { .write = false, .connections = a->connections };
+  struct endpoint_opts eo = { .write = false, .connections = a->connections,
+                              .timeout_s = a->o.timeout_s };
   if (endpoint_open(&s.env, a->dst, &eo, &s.src, err, sizeof err) < 0) {
     log_error("verify: %s", err);
     goto out;
@@ -339,7 +341,8 @@ cmd_copy(int argc, char **argv)
     goto out;
   struct endpoint_opts so = { .write = false, .connections = a.connections,
                               .nagle = a.nagle,
-                              .split_writes = a.split_writes };
+                              .split_writes = a.split_writes,
+                              .timeout_s = a.o.timeout_s };
   if (endpoint_open(&s.env, a.src, &so, &s.src, err, sizeof err) < 0) {
     log_error("%s", err);
     goto out;
@@ -347,6 +350,7 @@ cmd_copy(int argc, char **argv)
   struct endpoint_opts dopt = {
     .write = true, .connections = a.connections, .allocated = a.o.allocated,
     .nagle = a.nagle, .split_writes = a.split_writes,
+    .timeout_s = a.o.timeout_s,
     .create_size = s.src->size_known ? s.src->size : UINT64_MAX,
   };
   if (endpoint_open(&s.env, a.dst, &dopt, &s.dst, err, sizeof err) < 0) {

@@ -388,7 +388,7 @@ info_list_nbd(const struct info_args *a, const struct client_conn *first)
     struct client_opts o = { .export_name = name,
                              .want_structured = true,
                              .want_allocation = true,
-                             .timeout_ms = 30000 };
+                             .timeout_ms = client_handshake_ms(a->timeout_s) };
     struct client_conn c;
     int r = client_connect(&c, &u, &o);
     if (r < 0) {
@@ -420,7 +420,7 @@ info_nbd(const struct info_args *a)
                            .want_structured = true,
                            .want_allocation = true,
                            .want_list = a->list,
-                           .timeout_ms = 30000 };
+                           .timeout_ms = client_handshake_ms(a->timeout_s) };
   struct client_conn c;
   int r = client_connect(&c, &u, &o);
   if (r < 0) {
@@ -493,7 +493,8 @@ info_usage(FILE *f)
           "           each from a connection of its own\n"
           "  --timeout SECONDS  with --map: fail when a block status\n"
           "           request gets no reply for this long (default %d,\n"
-          "           0: wait forever)\n",
+          "           0: wait forever); connecting and the handshake\n"
+          "           wait at most this, and 30 s at most\n",
           COPY_DEFAULT_TIMEOUT);
 }
 

@@ -25,7 +25,8 @@ sum_usage(FILE *f)
           "tool prints it for the raw image. ALGO: %s\n"
           "(default xxh128, the fastest; sha256 equals sha256sum).\n"
           "--timeout: fail when an NBD server answers none of its requests\n"
-          "in flight for this long (default %d, 0: wait forever).\n",
+          "in flight for this long (default %d, 0: wait forever); connecting\n"
+          "and the handshake wait at most this, and 30 s at most.\n",
           hash_names(), COPY_DEFAULT_TIMEOUT);
 }
 
@@ -95,7 +96,8 @@ cmd_sum(int argc, char **argv)
     goto out;
   }
   env_ok = true;
-  struct endpoint_opts eo = { .connections = conns };
+  struct endpoint_opts eo = { .connections = conns,
+                              .timeout_s = o.timeout_s };
   if (endpoint_open(&env, spec, &eo, &src, err, sizeof err) < 0) {
     log_error("%s", err);
     goto out;

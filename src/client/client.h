@@ -46,7 +46,7 @@ struct client_opts {
   bool want_extended;       /* try EXTENDED_HEADERS first */
   bool want_allocation;     /* SET_META_CONTEXT base:allocation */
   bool want_list;           /* collect NBD_OPT_LIST before GO */
-  int timeout_ms;           /* whole handshake; -1 for none */
+  int timeout_ms;           /* connect and handshake; -1 for none */
   /* Diagnostics, to reproduce stock clients (docs/copy.md): leave
    * Nagle's algorithm on (no TCP_NODELAY), and send every WRITE's header
    * and payload in two separate writes, without MSG_MORE. */
@@ -59,6 +59,17 @@ struct client_opts {
   void (*on_socket)(void *arg, int fd);
   void *on_socket_arg;
 };
+
+/* The connect and handshake limit of a command with the given timeout in
+ * seconds (0: none): that timeout, but never more than 30 s. */
+#define CLIENT_HANDSHAKE_MS 30000
+static inline int
+client_handshake_ms(unsigned timeout_s)
+{
+  return timeout_s > 0 && timeout_s < CLIENT_HANDSHAKE_MS / 1000
+             ? (int)timeout_s * 1000
+             : CLIENT_HANDSHAKE_MS;
+}
 
 /* What the handshake learnt. Strings are owned by the connection. */
 struct client_info {

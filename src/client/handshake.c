@@ -464,9 +464,11 @@ client_open_socket(struct client_conn *c, const struct nbd_uri *u,
 {
   int fd;
   if (u->unix_socket)
-    fd = sock_connect_unix(u->socket, o->on_socket, o->on_socket_arg);
+    fd = sock_connect_unix(u->socket, o->timeout_ms, o->on_socket,
+                           o->on_socket_arg);
   else
-    fd = sock_connect_tcp(u->host, u->port, o->on_socket, o->on_socket_arg);
+    fd = sock_connect_tcp(u->host, u->port, o->timeout_ms, o->on_socket,
+                          o->on_socket_arg);
   if (fd < 0) {
     if (u->unix_socket)
       snprintf(c->errmsg, sizeof c->errmsg, "connect to unix socket %s: %s",
@@ -496,13 +498,14 @@ client_connect(struct client_conn *c, const struct nbd_uri *u,
 {
   memset(c, 0, sizeof *c);
   c->fd = -1;
+  /* The time limit covers the connect and the handshake together. */
+  struct hs h = { .c = c, .o = o, .u = u };
+  if (o->timeout_ms >= 0)
+    h.deadline = loop_now_ms() + (uint64_t)o->timeout_ms;
   int r = client_open_socket(c, u, o); /* publishes the socket */
   if (r < 0)
     return r;
   c->split_writes = o->split_writes;
-  struct hs h = { .c = c, .o = o, .u = u };
-  if (o->timeout_ms >= 0)
-    h.deadline = loop_now_ms() + (uint64_t)o->timeout_ms;
   r = hs_run(&h);
   free(h.payload);
   if (r == 0 && (r = sock_set_nonblock(c->fd, true)) < 0)

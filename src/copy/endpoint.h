@@ -168,6 +168,7 @@ struct endpoint_opts {
    * separate writes. */
   bool nagle;
   bool split_writes;
+  unsigned timeout_s; /* NBD: the command's --timeout (client_handshake_ms) */
 };
 
 /* Opens spec: an NBD URI, "null:", "-", a generated source

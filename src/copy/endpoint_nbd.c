@@ -679,7 +679,9 @@ nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
                                  * destination saves their round trip */
                                 .want_structured = !o->write,
                                 .want_allocation = !o->write,
-                                .timeout_ms = 30000, .nagle = o->nagle,
+                                .timeout_ms =
+                                    client_handshake_ms(o->timeout_s),
+                                .nagle = o->nagle,
                                 .split_writes = o->split_writes };
   p->slots[0].e = e;
   int r = client_connect(&p->slots[0].c, &p->uri, &p->co);

@@ -12,7 +12,9 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 int
@@ -137,10 +139,49 @@ sock_activation_fds(int *fds, int max)
   return n;
 }
 
-int
-sock_connect_tcp(const char *host, const char *port, sock_fd_fn on_fd,
-                 void *arg)
+static uint64_t
+sock_now_ms(void)
 {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* connect(2) that waits at most until deadline_ms (0: no limit). A
+ * blocking connect waits for as long as SO_SNDTIMEO allows, both for a
+ * TCP handshake (then it says EINPROGRESS) and for room in a Unix
+ * listener's queue (EAGAIN); the socket stays blocking, so a shutdown
+ * from another thread still ends the wait. */
+static int
+sock_connect_by(int fd, const struct sockaddr *sa, socklen_t len,
+                uint64_t deadline_ms)
+{
+  if (deadline_ms) {
+    uint64_t now = sock_now_ms();
+    uint64_t left = deadline_ms > now ? deadline_ms - now : 1;
+    struct timeval tv = { .tv_sec = (time_t)(left / 1000),
+                          .tv_usec = (suseconds_t)(left % 1000) * 1000 };
+    if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) < 0)
+      return -errno;
+  }
+  int r = connect(fd, sa, len) == 0 ? 0 : -errno;
+  if (deadline_ms) {
+    if (r == -EINPROGRESS || r == -EAGAIN)
+      r = -ETIMEDOUT;
+    struct timeval none = { 0 };
+    if (r == 0 &&
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none) < 0)
+      r = -errno;
+  }
+  return r;
+}
+
+int
+sock_connect_tcp(const char *host, const char *port, int timeout_ms,
+                 sock_fd_fn on_fd, void *arg)
+{
+  uint64_t deadline = timeout_ms >= 0
+                          ? sock_now_ms() + (uint64_t)timeout_ms + 1 : 0;
   struct addrinfo hints = { .ai_family = AF_UNSPEC,
                             .ai_socktype = SOCK_STREAM,
                             .ai_flags = AI_NUMERICSERV };
@@ -159,11 +200,11 @@ sock_connect_tcp(const char *host, const char *port, sock_fd_fn on_fd,
     }
     if (on_fd)
       on_fd(arg, fd);
-    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+    err = sock_connect_by(fd, a->ai_addr, a->ai_addrlen, deadline);
+    if (err == 0) {
       freeaddrinfo(ai);
       return fd;
     }
-    err = -errno;
     if (on_fd)
       on_fd(arg, -1);
     close(fd);
@@ -173,8 +214,11 @@ sock_connect_tcp(const char *host, const char *port, sock_fd_fn on_fd,
 }
 
 int
-sock_connect_unix(const char *path, sock_fd_fn on_fd, void *arg)
+sock_connect_unix(const char *path, int timeout_ms, sock_fd_fn on_fd,
+                  void *arg)
 {
+  uint64_t deadline = timeout_ms >= 0
+                          ? sock_now_ms() + (uint64_t)timeout_ms + 1 : 0;
   struct sockaddr_un sun;
   socklen_t len;
   int r = sock_unix_addr(path, &sun, &len);
@@ -187,8 +231,8 @@ sock_connect_unix(const char *path, sock_fd_fn on_fd, void *arg)
     return -errno;
   if (on_fd)
     on_fd(arg, fd);
-  if (connect(fd, (struct sockaddr *)&sun, len) < 0) {
-    r = -errno;
+  r = sock_connect_by(fd, (struct sockaddr *)&sun, len, deadline);
+  if (r < 0) {
     if (on_fd)
       on_fd(arg, -1);
     close(fd);

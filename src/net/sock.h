@@ -25,11 +25,15 @@ int sock_activation_fds(int *fds, int max);
 /* Blocking connects; the fd is returned blocking, close-on-exec. When
  * on_fd is given, each socket is passed to it before its connect starts,
  * and -1 is passed before a socket that failed is closed: another thread
- * may shutdown(2) the socket meanwhile to abort a connect that hangs. */
+ * may shutdown(2) the socket meanwhile to abort a connect that hangs.
+ * timeout_ms >= 0 bounds the wait (over all of a host's addresses):
+ * -ETIMEDOUT when a server neither accepts nor refuses in time, as one
+ * whose accept queue stays full. */
 typedef void (*sock_fd_fn)(void *arg, int fd);
-int sock_connect_tcp(const char *host, const char *port, sock_fd_fn on_fd,
-                     void *arg);
-int sock_connect_unix(const char *path, sock_fd_fn on_fd, void *arg);
+int sock_connect_tcp(const char *host, const char *port, int timeout_ms,
+                     sock_fd_fn on_fd, void *arg);
+int sock_connect_unix(const char *path, int timeout_ms, sock_fd_fn on_fd,
+                      void *arg);
 
 int sock_set_nonblock(int fd, bool on);
 int sock_set_nodelay(int fd, bool on);

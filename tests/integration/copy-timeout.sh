@@ -4,7 +4,8 @@
 # in flight for T seconds fails the run with one line naming it, the
 # oldest request's offset and length, and ETIMEDOUT; a slow server that
 # keeps answering is no failure. Every command runs under timeout(1), so a
-# hang fails the test instead of blocking it.
+# hang fails the test instead of blocking it. The same --timeout bounds
+# connecting to a server that never accepts.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need nbdkit
@@ -88,7 +89,54 @@ check "read back from the slow server" \
     timeout 60 "$NBDFLOW" copy "$(uri "$TMP/slow.sock")" "$TMP/back.img"
 same "$TMP/src.img" "$TMP/back.img"
 
-# (d) A --timeout that is not whole seconds in range is a usage error
+# (d) A server that never accepts: its listener's queue is full, so a
+# connect waits (for ever on a Unix socket; for the kernel's SYN retries,
+# about two minutes, over TCP). copy, sum and info give up after their
+# --timeout with one line naming the socket.
+python3 - "$TMP/full.sock" "$TMP/full.port" <<'EOF' &
+import os, socket, sys, time
+socks = []
+for fam, addr in ((socket.AF_UNIX, sys.argv[1]), (socket.AF_INET, None)):
+    s = socket.socket(fam)
+    s.bind(addr if addr else ("127.0.0.1", 0))
+    s.listen(0)
+    dst = s.getsockname()
+    for i in range(4):  # fill the queue; never accept
+        c = socket.socket(fam)
+        c.setblocking(False)
+        try:
+            c.connect(dst)
+        except OSError:
+            pass
+        socks.append(c)
+    socks.append(s)
+    if fam == socket.AF_INET:
+        open(sys.argv[2] + ".tmp", "w").write(str(dst[1]))
+        os.rename(sys.argv[2] + ".tmp", sys.argv[2])
+time.sleep(300)
+EOF
+full_pid=$!
+on_exit "kill $full_pid 2>/dev/null"
+for ((i = 0; i < 100; i++)); do [ -s "$TMP/full.port" ] && break; sleep 0.1; done
+[ -s "$TMP/full.port" ] || fail "the listener that never accepts did not start"
+for target in "$(uri "$TMP/full.sock")" "nbd://127.0.0.1:$(cat "$TMP/full.port")/"; do
+    for args in "copy --timeout 2 $target null:" "sum --timeout 2 $target" \
+        "info --timeout 2 $target"; do
+        rc=0
+        # shellcheck disable=SC2086 # word splitting wanted
+        timeout 60 "$NBDFLOW" $args >"$TMP/out" 2>"$TMP/err" || rc=$?
+        [ "$rc" != 124 ] || fail "$args: still connecting after 60 s (hung)"
+        [ "$rc" = 1 ] || fail "$args: exit $rc, not 1: $(cat "$TMP/err")"
+        [ "$(wc -l <"$TMP/err")" -eq 1 ] &&
+            grep -qF "$target: connect to " "$TMP/err" &&
+            grep -q "Connection timed out" "$TMP/err" ||
+            fail "$args: $(cat "$TMP/err")"
+    done
+done
+note "ok: a server that never accepts fails copy, sum and info after --timeout"
+kill "$full_pid"
+
+# (e) A --timeout that is not whole seconds in range is a usage error
 # (exit 2) with one line, for each command that takes it.
 for args in "copy --timeout x $TMP/src.img null:" \
     "sum --timeout -1 $TMP/src.img" "info --map --timeout 1000001 $TMP/src.img"; do
