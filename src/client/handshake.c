@@ -447,9 +447,15 @@ hs_fix_block_sizes(struct client_info *in)
   if (in->min_block == 0 || in->min_block > 65536 ||
       (in->min_block & (in->min_block - 1)))
     in->min_block = 1;
-  if (in->max_block < in->min_block ||
-      (in->max_block != UINT32_MAX && in->max_block % in->min_block))
-    in->max_block = NBD_MAX_PAYLOAD_DEFAULT; /* unusable: as if not given */
+  /* The maximum need not be a power of 2, nor (§Size constraints) a
+   * multiple of the minimum: the largest multiple below it is the limit
+   * a request of whole minimum blocks can keep. */
+  if (in->max_block == 0)
+    in->max_block = NBD_MAX_PAYLOAD_DEFAULT; /* as if not given */
+  else if (in->max_block < in->min_block)
+    in->max_block = in->min_block; /* nonsense: the one size both allow */
+  else if (in->max_block != UINT32_MAX)
+    in->max_block -= in->max_block % in->min_block;
   if (in->pref_block < in->min_block ||
       (in->pref_block & (in->pref_block - 1)))
     in->pref_block = in->min_block;

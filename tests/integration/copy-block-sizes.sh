@@ -214,4 +214,18 @@ PY
     fail "reading the 512-minimum export back failed"
 cmp -n $((1 << 20)) "$TMP/s1m.img" "$TMP/d5.img" ||
     fail "copy with --request-size 1000 differs"
+
+# 8. A maximum that is not a multiple of the minimum is still a maximum
+#    (§Size constraints asks only that it be at least the preferred
+#    size): no request may exceed it, the opening 4 MiB WRITE included.
+strict "$TMP/d8.sock" 512 4096 1000000
+head -c $((4 << 20)) /dev/urandom >"$TMP/s4m.img"
+check "copy into an export whose maximum is 1000000 bytes" \
+    "$NBDFLOW" copy "$TMP/s4m.img" "nbd+unix:///?socket=$TMP/d8.sock"
+check "copy out of it" \
+    "$NBDFLOW" copy "nbd+unix:///?socket=$TMP/d8.sock" "$TMP/d8.img"
+same "$TMP/s4m.img" "$TMP/d8.img"
+"$NBDFLOW" info --json "nbd+unix:///?socket=$TMP/d8.sock" >"$TMP/d8.json"
+grep -q '"block_size_maximum": 999936' "$TMP/d8.json" ||
+    fail "info does not show the usable maximum 999936: $(cat "$TMP/d8.json")"
 echo "PASS"
