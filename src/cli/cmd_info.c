@@ -168,7 +168,7 @@ info_map_nbd(struct client_conn *c, bool json, unsigned timeout_s)
 {
   struct info_map m = { .json = json };
   struct client_extent ext[1024];
-  uint64_t off = 0, size = c->info.size;
+  uint64_t off = 0, size = c->info.size, span = ENDPOINT_STATUS_SPAN;
   if (!c->info.allocation) {
     info_map_add(&m, size, 0); /* no context: all data, the safe answer */
     info_map_end(&m);
@@ -176,8 +176,8 @@ info_map_nbd(struct client_conn *c, bool json, unsigned timeout_s)
   }
   while (off < size) {
     uint64_t len = size - off;
-    if (len > ENDPOINT_STATUS_SPAN)
-      len = ENDPOINT_STATUS_SPAN;
+    if (len > span)
+      len = span;
     struct client_req r = { .type = NBD_CMD_BLOCK_STATUS, .offset = off,
                             .length = len, .extents = ext,
                             .max_extents = 1024 };
@@ -195,6 +195,7 @@ info_map_nbd(struct client_conn *c, bool json, unsigned timeout_s)
                 (unsigned long long)off);
       return -EPROTO;
     }
+    uint64_t from = off;
     for (size_t i = 0; i < r.nextents && off < size; i++) {
       uint64_t l = ext[i].length;
       if (l > size - off)
@@ -202,6 +203,9 @@ info_map_nbd(struct client_conn *c, bool json, unsigned timeout_s)
       info_map_add(&m, l, ext[i].flags);
       off += l;
     }
+    span = client_status_span(span, r.extents_dropped,
+                              r.nextents <= r.max_extents / 2, off - from,
+                              c->info.min_block, ENDPOINT_STATUS_SPAN);
   }
   info_map_end(&m);
   return 0;

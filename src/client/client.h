@@ -36,7 +36,10 @@
 #include "util/uri.h"
 
 /* Per-connection limits on what the server may make us read. */
-#define CLIENT_MAX_EXTENTS 65536          /* descriptors per status chunk */
+/* Descriptors per status chunk: "SHOULD NOT send more than 2^20"
+ * (§NBD_REPLY_TYPE_BLOCK_STATUS), and nbdkit sends that many. */
+#define CLIENT_MAX_EXTENTS (1u << 20)
+#define CLIENT_KEEP_SCRATCH (64u << 10) /* a larger scratch is freed */
 #define CLIENT_MAX_OPT_REPLY (64u << 10)  /* one option reply payload */
 #define CLIENT_MAX_SPANS 4096  /* separate pieces of one READ's reply */
 
@@ -118,6 +121,7 @@ struct client_req {
 
   /* Results. */
   size_t nextents;        /* BLOCK_STATUS: descriptors stored */
+  bool extents_dropped;   /* BLOCK_STATUS: the server sent more than that */
   char errmsg[128];       /* server's error message, if any */
   bool completed;
 
@@ -132,6 +136,26 @@ struct client_req {
   bool status_seen;       /* BLOCK_STATUS: our context's chunk came */
   struct client_req *next;
 };
+
+/* The length to ask the next BLOCK_STATUS for, after a reply to one of
+ * span bytes whose kept extents covered `covered`: a server that reports
+ * small extents sends all of a long span's, and when some were dropped
+ * (cut: more than there was room for) it would send them again from
+ * where the kept ones end, over and over. So the span shrinks to what
+ * was kept (rounded up to the minimum block, align) and grows back,
+ * doubling, up to max while replies leave half their room (roomy). */
+static inline uint64_t
+client_status_span(uint64_t span, bool cut, bool roomy, uint64_t covered,
+                   uint32_t align, uint64_t max)
+{
+  if (cut) {
+    uint64_t s = (covered + align - 1) / align * align;
+    return s > align ? s : align;
+  }
+  if (!roomy)
+    return span;
+  return span > max / 2 ? max : span * 2;
+}
 
 /* What the chunks of one READ have filled once they stopped being one
  * range: sorted, disjoint [lo, hi) pieces relative to the request. */

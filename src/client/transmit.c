@@ -351,6 +351,7 @@ client_submit(struct client_conn *c, struct client_req *r)
   r->status_seen = false;
   c->spans[idx].n = 0;
   r->nextents = 0;
+  r->extents_dropped = false;
   r->errmsg[0] = '\0';
   r->next = NULL;
   r->sent = false;
@@ -539,6 +540,8 @@ client_rx_status(struct client_conn *c, const uint8_t *p, size_t len,
       return client_proto(c, "zero-length extent");
     if (r->nextents < r->max_extents)
       r->extents[r->nextents++] = (struct client_extent){ elen, flags };
+    else
+      r->extents_dropped = true;
   }
   return 0;
 }
@@ -596,6 +599,11 @@ client_rx_scratch_done(struct client_conn *c)
   default:
     err = client_rx_error(c, p, len);
     break;
+  }
+  if (c->scratch_size > CLIENT_KEEP_SCRATCH) { /* up to 16 MiB: not kept */
+    free(c->scratch);
+    c->scratch = NULL;
+    c->scratch_size = 0;
   }
   return err < 0 ? err : client_rx_chunk_end(c);
 }

@@ -47,6 +47,8 @@ struct nbd_priv {
   uint64_t zero_cap;      /* largest WRITE_ZEROES once one longer than
                              the maximum payload was refused; 0: none */
   struct client_extent status[NBD_STATUS_BATCH]; /* the one EXTENTS op */
+  uint64_t status_span;   /* longest BLOCK_STATUS to ask for now (0: not
+                             yet set; see client_status_span) */
   struct client_req *flush_reqs; /* one per connection */
   struct ep_op *flush_op;
   unsigned flush_pending;
@@ -103,15 +105,23 @@ nbd_copy_msg(struct ep_op *op, const struct client_req *r,
 static void
 nbd_status_done(struct ep_op *op, struct nbd_priv *p)
 {
-  uint64_t left = op->length;
-  for (size_t i = 0; i < op->req.nextents && left > 0 &&
-                     op->nextents < op->max_extents; i++) {
+  uint64_t left = op->req.length;
+  size_t i = 0;
+  for (; i < op->req.nextents && left > 0 && op->nextents < op->max_extents;
+       i++) {
     uint64_t len = p->status[i].length < left ? p->status[i].length : left;
     /* HOLE without ZERO is undefined content: it must be read. */
     bool zero = p->status[i].flags & NBD_STATE_ZERO;
     op->extents[op->nextents++] = (struct endpoint_extent){ len, zero };
     left -= len;
   }
+  bool cut = op->req.extents_dropped || (left > 0 && i < op->req.nextents);
+  bool roomy = op->req.nextents <= NBD_STATUS_BATCH / 2 &&
+               op->nextents <= op->max_extents / 2;
+  p->status_span = client_status_span(p->status_span, cut, roomy,
+                                      op->req.length - left,
+                                      p->slots[0].c.info.min_block,
+                                      ENDPOINT_STATUS_SPAN);
   if (op->err == 0 && op->nextents == 0) {
     op->err = EPROTO;
     snprintf(op->errmsg, sizeof op->errmsg, "empty block status reply");
@@ -331,6 +341,10 @@ nbd_submit(struct endpoint *e, struct ep_op *op)
       return 0;
     }
     r->type = NBD_CMD_BLOCK_STATUS;
+    if (p->status_span == 0)
+      p->status_span = ENDPOINT_STATUS_SPAN;
+    if (r->length > p->status_span)
+      r->length = p->status_span; /* the rest is asked for next */
     r->extents = p->status;
     r->max_extents = NBD_STATUS_BATCH;
     break;
