@@ -186,8 +186,15 @@ hs_set_meta(struct hs *h)
     r = hs_recv_reply(h, NBD_OPT_SET_META_CONTEXT, &rep);
     if (r < 0)
       return r;
-    if (rep.type == NBD_REP_ACK || (rep.type & NBD_REP_FLAG_ERROR))
-      return 0; /* no context: copies then treat everything as data */
+    if (rep.type & NBD_REP_FLAG_ERROR) {
+      /* A failed SET leaves no context selected, whatever it replied
+       * before (§NBD_OPT_SET_META_CONTEXT): copies then treat
+       * everything as data. */
+      h->c->info.allocation = false;
+      return 0;
+    }
+    if (rep.type == NBD_REP_ACK)
+      return 0;
     if (rep.type != NBD_REP_META_CONTEXT || rep.length < 4)
       return hs_fail(h, -EPROTO, "handshake: malformed META_CONTEXT reply");
     size_t clen = rep.length - 4;

@@ -553,7 +553,11 @@ client_rx_error(struct client_conn *c, const uint8_t *p, size_t len)
   struct wire_error_chunk e;
   bool with_off = c->rx_type == NBD_REPLY_TYPE_ERROR_OFFSET;
   if (c->rx_type != NBD_REPLY_TYPE_ERROR && !with_off) {
-    /* Unknown error type: the request fails, the connection lives. */
+    /* Unknown error type: the request fails, the connection lives,
+     * "unless the message length is too large" (§Structured reply
+     * chunk message types). */
+    if (len < 6 || (size_t)6 + wire_get16(p + 4) > len)
+      return client_proto(c, "error chunk message longer than the chunk");
     if (r->err == 0)
       r->err = len >= 4 && wire_get32(p) ? wire_nbd_to_errno(wire_get32(p))
                                         : EINVAL;
@@ -561,7 +565,8 @@ client_rx_error(struct client_conn *c, const uint8_t *p, size_t len)
   }
   if (wire_decode_error_chunk(p, len, with_off, &e) < 0)
     return client_proto(c, "malformed error chunk");
-  if (with_off && !client_in_req(r, e.offset, 0))
+  /* "MUST lie within the original offset and length" */
+  if (with_off && (r->length == 0 || !client_in_req(r, e.offset, 1)))
     return client_proto(c, "error offset outside the request");
   if (r->err == 0) {
     char why[LOG_ESCAPE_BUF]; /* the server's text, made safe to print */
@@ -678,6 +683,10 @@ client_rx_header(struct client_conn *c)
   c->rx_req = r;
   c->rx_type = rep.type;
   c->rx_flags = rep.flags;
+  /* Read as a compact header, an extended one would have taken its
+   * offset and length from bytes that never came. */
+  if (rep.magic == NBD_EXTENDED_REPLY_MAGIC && !c->info.extended)
+    return client_proto(c, "extended reply without extended headers");
   if (rep.magic != NBD_SIMPLE_REPLY_MAGIC)
     return client_rx_chunk(c, &rep);
   if (rep.error) {

@@ -7,7 +7,10 @@
 # per context. A wrong-length NBD_INFO_EXPORT or NBD_INFO_BLOCK_SIZE must
 # fail the handshake, not leave the size at 0. A server's error message,
 # export names and description are shown escaped. Allowed orders are checked too, and every successful
-# copy is compared with the pattern the server serves.
+# copy is compared with the pattern the server serves. Extended reply
+# headers that were never negotiated, an ERROR_OFFSET past the request
+# and an error message longer than its chunk are protocol errors; a
+# SET_META_CONTEXT that failed after naming a context leaves none.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need python3
@@ -58,6 +61,31 @@ rc=0
 grep -q "two block status chunks for one context" "$TMP/err" ||
     fail "two status chunks: $(cat "$TMP/err")"
 note "ok: two status chunks: $(cat "$TMP/err")"
+
+# Framing the client must refuse: an extended reply header where none
+# was negotiated (read as a compact one, its length would be taken from
+# bytes that never came), an ERROR_OFFSET just past the request, and an
+# error chunk whose message runs past its end.
+for mode in extmagic:"extended reply without extended headers" \
+    erroffend:"error offset outside the request" \
+    errmsglen:"error chunk message longer than the chunk"; do
+    fake "${mode%%:*}"
+    rc=0
+    "$NBDFLOW" copy "$URI" "$TMP/out.img" >"$TMP/out" 2>"$TMP/err" || rc=$?
+    check_copy_failed "${mode%%:*}" "$rc" "${mode#*:}"
+done
+
+# SET_META_CONTEXT that replied a context and then failed has set none
+# (the spec: it replaces the contexts "including when this command
+# fails"): no BLOCK_STATUS may be sent, all is data, the copy succeeds.
+fake metaerr
+rm -f "$TMP/out.img"
+check "copy from a server whose SET_META_CONTEXT failed" \
+    "$NBDFLOW" copy "$URI" "$TMP/out.img"
+same "$TMP/want.img" "$TMP/out.img"
+"$NBDFLOW" info "$URI" >"$TMP/out" || fail "info of the metaerr server"
+! grep -q "base:allocation" "$TMP/out" ||
+    fail "info shows a context the server failed to set: $(cat "$TMP/out")"
 
 # A server's error message is shown, but escaped: it cannot add a line of
 # its own or reach the terminal.

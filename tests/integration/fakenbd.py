@@ -20,6 +20,15 @@ Modes (what READ replies and the handshake do):
   evilnames   NBD_INFO_NAME, NBD_INFO_DESCRIPTION and a LIST name that
               hold newlines, terminal escapes, a C1 control (UTF-8),
               bytes that are not UTF-8 and a real UTF-8 letter
+  extmagic    READ answered by a 16-byte header with the extended reply
+              magic (DONE, NONE), though extended headers were not asked
+  metaerr     SET_META_CONTEXT replies base:allocation, then fails with
+              ERR_TOO_BIG (no context is set then); BLOCK_STATUS gets
+              EINVAL, as from a server without a context
+  erroffend   READ fails with an ERROR_OFFSET chunk whose offset is the
+              request's end, just outside it
+  errmsglen   READ fails with an error chunk of an unknown type whose
+              message length runs past the chunk
   zerocap     writable, starting as bytes 0xAA (not the pattern): WRITE
               stores, WRITE_ZEROES longer than the maximum block size
               gets EOVERFLOW (the spec allows it), shorter ones zero; each
@@ -92,6 +101,17 @@ def answer_read(s, cookie, off, n):
         msg = b"disk on fire\n\x1b[2Jforged: all is well"
         chunk(s, 1, 0x8001, cookie, struct.pack(">IH", 5, len(msg)) + msg)
         return
+    if MODE == "extmagic":
+        s.sendall(struct.pack(">IHHQ", 0x6E8A278C, 1, 0, cookie))
+        return
+    if MODE == "erroffend":
+        msg = b"bad sector"
+        chunk(s, 1, 0x8002, cookie,
+              struct.pack(">IH", 5, len(msg)) + msg + struct.pack(">Q", off + n))
+        return
+    if MODE == "errmsglen":
+        chunk(s, 1, 0x8005, cookie, struct.pack(">IH", 5, 100) + b"short")
+        return
     pieces = [(o, min(PIECE, off + n - o)) for o in range(off, off + n, PIECE)]
     if MODE == "reverse":
         pieces.reverse()
@@ -118,7 +138,7 @@ def handshake(s):
             opt_reply(s, opt, 1)
         elif opt == 10:  # SET_META_CONTEXT
             opt_reply(s, opt, 4, struct.pack(">I", 1) + b"base:allocation")
-            opt_reply(s, opt, 1)
+            opt_reply(s, opt, (1 << 31) + 9 if MODE == "metaerr" else 1)
         elif opt in (6, 7):  # INFO, GO
             info = struct.pack(">HQH", 0, SIZE, TFLAGS)
             opt_reply(s, opt, 3, info + (b"x" if MODE == "badexport" else b""))
@@ -158,6 +178,8 @@ def serve(s):
                 answer_read(s, cookie, off, n)
             elif typ == 7 and MODE == "nostatus":
                 continue  # never answered
+            elif typ == 7 and MODE == "metaerr":
+                s.sendall(struct.pack(">IIQ", REPLY_SIMPLE, 22, cookie))
             elif typ == 7:  # BLOCK_STATUS: all data
                 k = min(n, 1001) if MODE == "shortstatus" else n
                 if MODE == "twostatus":
