@@ -195,6 +195,9 @@ struct conn {
   enum conn_state state;
   struct tcpinfo_stats tcp; /* --stats: sampled by the loop's tick */
   uint64_t deadline_ms; /* end of the handshake time limit, 0 after it */
+  /* This connection's turn in the worker pool: its requests run in
+   * order, and connections take turns (workq_push_owned). */
+  struct workq_owner work_owner;
 
   /* Input: small messages land in inbuf; large payloads are read straight
    * into the request buffer. dst/need/have describe the current target. */

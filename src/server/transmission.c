@@ -685,7 +685,7 @@ req_dispatch(struct conn *c, struct req *q)
     req_run(&q->work); /* a copy into memory: see SERVER_INLINE_WRITE */
   } else {
     q->work.fn = req_run;
-    workq_push(c->srv->workq, &q->work);
+    workq_push_owned(c->srv->workq, &q->work, &c->work_owner);
   }
   conn_expect(c, CS_REQ_HDR, c->msg, wire_request_len(c->extended));
 }

@@ -10,7 +10,9 @@
 struct workq {
   pthread_mutex_t lock;
   pthread_cond_t cond;
-  struct work *head, *tail; /* FIFO, protected by lock */
+  /* Owners with items queued, in turn order; protected by lock. */
+  struct workq_owner *first, *last;
+  struct workq_owner own; /* for workq_push */
   bool stop;
   int nthreads;
   pthread_t *threads;
@@ -23,16 +25,31 @@ workq_thread(void *arg)
   prctl(PR_SET_NAME, "nbdflow-io"); /* tells workers apart in ps, traces */
   for (;;) {
     pthread_mutex_lock(&q->lock);
-    while (q->head == NULL && !q->stop)
+    while (q->first == NULL && !q->stop)
       pthread_cond_wait(&q->cond, &q->lock);
-    struct work *w = q->head;
-    if (w == NULL) {
+    struct workq_owner *o = q->first;
+    if (o == NULL) {
       pthread_mutex_unlock(&q->lock);
       return NULL;
     }
-    q->head = w->next;
-    if (q->head == NULL)
-      q->tail = NULL;
+    /* The first owner's oldest item; the owner goes to the back of the
+     * ring if it has more. */
+    struct work *w = o->head;
+    o->head = w->next;
+    q->first = o->next;
+    if (q->first == NULL)
+      q->last = NULL;
+    o->next = NULL;
+    if (o->head == NULL) {
+      o->tail = NULL;
+      o->queued = false;
+    } else {
+      if (q->last)
+        q->last->next = o;
+      else
+        q->first = o;
+      q->last = o;
+    }
     pthread_mutex_unlock(&q->lock);
     w->fn(w);
   }
@@ -65,17 +82,34 @@ workq_new(int nthreads)
 }
 
 void
-workq_push(struct workq *q, struct work *w)
+workq_push_owned(struct workq *q, struct work *w, struct workq_owner *o)
 {
+  if (o == NULL)
+    o = &q->own;
   w->next = NULL;
   pthread_mutex_lock(&q->lock);
-  if (q->tail)
-    q->tail->next = w;
+  if (o->tail)
+    o->tail->next = w;
   else
-    q->head = w;
-  q->tail = w;
+    o->head = w;
+  o->tail = w;
+  if (!o->queued) {
+    o->queued = true;
+    o->next = NULL;
+    if (q->last)
+      q->last->next = o;
+    else
+      q->first = o;
+    q->last = o;
+  }
   pthread_cond_signal(&q->cond);
   pthread_mutex_unlock(&q->lock);
+}
+
+void
+workq_push(struct workq *q, struct work *w)
+{
+  workq_push_owned(q, w, NULL);
 }
 
 void
