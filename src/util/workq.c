@@ -18,6 +18,18 @@ struct workq {
   pthread_t *threads;
 };
 
+/* Puts o at the back of the ring of owners with items. Under q->lock. */
+static void
+workq_ring_append(struct workq *q, struct workq_owner *o)
+{
+  o->next = NULL;
+  if (q->last)
+    q->last->next = o;
+  else
+    q->first = o;
+  q->last = o;
+}
+
 static void *
 workq_thread(void *arg)
 {
@@ -39,16 +51,11 @@ workq_thread(void *arg)
     q->first = o->next;
     if (q->first == NULL)
       q->last = NULL;
-    o->next = NULL;
     if (o->head == NULL) {
       o->tail = NULL;
       o->queued = false;
     } else {
-      if (q->last)
-        q->last->next = o;
-      else
-        q->first = o;
-      q->last = o;
+      workq_ring_append(q, o);
     }
     pthread_mutex_unlock(&q->lock);
     w->fn(w);
@@ -95,12 +102,7 @@ workq_push_owned(struct workq *q, struct work *w, struct workq_owner *o)
   o->tail = w;
   if (!o->queued) {
     o->queued = true;
-    o->next = NULL;
-    if (q->last)
-      q->last->next = o;
-    else
-      q->first = o;
-    q->last = o;
+    workq_ring_append(q, o);
   }
   pthread_cond_signal(&q->cond);
   pthread_mutex_unlock(&q->lock);

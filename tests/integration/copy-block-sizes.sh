@@ -51,14 +51,7 @@ same "$TMP/want.img" "$TMP/got.img"
 
 # 2. Data and holes every 4 KiB, into an export that prefers 64 KiB: every
 #    write, zero and trim is a multiple of 64 KiB at a multiple of 64 KiB.
-python3 - "$TMP/sp.img" <<'PY'
-import os, sys
-with open(sys.argv[1], "wb") as f:
-    f.truncate(4 << 20)
-    for off in range(0, 4 << 20, 12288):
-        f.seek(off)
-        f.write(os.urandom(4096))
-PY
+make_striped "$TMP/sp.img" 4 12288
 strict "$TMP/d2.sock" 4096 65536 65536
 check "copy a finely sparse image into a 64 KiB-preferring export" \
     "$NBDFLOW" copy "$TMP/sp.img" "nbd+unix:///?socket=$TMP/d2.sock"

@@ -60,14 +60,7 @@ awk '{print $1, $2, $3}' "$TMP/fmap" | diff -q - "$TMP/fmap.theirs" >&2 ||
 note "ok: 2^17 extents in one chunk, mapped as nbdinfo maps them"
 
 # A 64 MiB file of 4 KiB data and 4 KiB holes, copied out of nbdkit.
-python3 - "$TMP/frag.img" <<'PY'
-import os, sys
-with open(sys.argv[1], "wb") as f:
-    f.truncate(64 << 20)
-    for off in range(0, 64 << 20, 8192):
-        f.seek(off)
-        f.write(os.urandom(4096))
-PY
+make_striped "$TMP/frag.img" 64 8192
 kit "$TMP/file.sock" --filter=log file "$TMP/frag.img" \
     logfile="$TMP/file.log"
 check "copy of 16384 extents" \

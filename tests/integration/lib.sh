@@ -107,6 +107,20 @@ make_sparse () {
     done
 }
 
+# make_striped FILE MIB PERIOD: FILE of MIB MiB holding 4 KiB of random
+# data at the start of every PERIOD bytes, a hole in between.
+make_striped () {
+    python3 - "$@" <<'PY' || fail "cannot write $1"
+import os, sys
+path, size, period = sys.argv[1], int(sys.argv[2]) << 20, int(sys.argv[3])
+with open(path, "wb") as f:
+    f.truncate(size)
+    for off in range(0, size, period):
+        f.seek(off)
+        f.write(os.urandom(4096))
+PY
+}
+
 # same A B: byte-for-byte comparison; fails the test on a difference.
 same () {
     cmp "$1" "$2" >&2 || fail "$1 and $2 differ"
