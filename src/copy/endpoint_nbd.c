@@ -610,8 +610,9 @@ nbd_join_ready(struct endpoint *e)
       nbd_join_one(e, i);
 }
 
-/* At close: abandons the handshakes still running (their sockets are
- * shut down, so they end at once) and joins every thread. */
+/* At close: abandons the connects and handshakes still running (their
+ * sockets are shut down, so they end within 10 ms) and joins every
+ * thread. */
 static void
 nbd_join_all(struct endpoint *e)
 {

@@ -7,12 +7,12 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -147,32 +147,79 @@ sock_now_ms(void)
   return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-/* connect(2) that waits at most until deadline_ms (0: no limit). A
- * blocking connect waits for as long as SO_SNDTIMEO allows, both for a
- * TCP handshake (then it says EINPROGRESS) and for room in a Unix
- * listener's queue (EAGAIN); the socket stays blocking, so a shutdown
- * from another thread still ends the wait. */
+/* Milliseconds left until deadline_ms (0: no limit, -1), at least 0. */
+static int
+sock_left_ms(uint64_t deadline_ms)
+{
+  if (deadline_ms == 0)
+    return -1;
+  uint64_t now = sock_now_ms();
+  if (now >= deadline_ms)
+    return 0;
+  uint64_t left = deadline_ms - now;
+  return left > INT32_MAX ? INT32_MAX : (int)left;
+}
+
+/* connect(2) that waits at most until deadline_ms (0: no limit), and
+ * that a shutdown(2) from another thread ends at once. The socket is
+ * non-blocking meanwhile, blocking again after. A TCP connect is waited
+ * for with poll (a signal, a stop and a continue included). A Unix
+ * listener whose queue is full says EAGAIN and offers nothing to wait
+ * on, and a shutdown does not wake a blocking connect there: the connect
+ * is tried again every 10 ms, each time after a look for the shutdown
+ * (an unconnected Unix socket reports it as POLLRDHUP). */
 static int
 sock_connect_by(int fd, const struct sockaddr *sa, socklen_t len,
                 uint64_t deadline_ms)
 {
-  if (deadline_ms) {
-    uint64_t now = sock_now_ms();
-    uint64_t left = deadline_ms > now ? deadline_ms - now : 1;
-    struct timeval tv = { .tv_sec = (time_t)(left / 1000),
-                          .tv_usec = (suseconds_t)(left % 1000) * 1000 };
-    if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) < 0)
-      return -errno;
+  int r = sock_set_nonblock(fd, true);
+  if (r < 0)
+    return r;
+  bool is_unix = sa->sa_family == AF_UNIX;
+  for (;;) {
+    if (connect(fd, sa, len) == 0) {
+      r = 0;
+      break;
+    }
+    r = -errno;
+    if (is_unix && (r == -EAGAIN || r == -EINTR)) {
+      struct pollfd pfd = { .fd = fd, .events = POLLRDHUP };
+      if (poll(&pfd, 1, 0) == 1 && (pfd.revents & POLLRDHUP)) {
+        r = -ECONNABORTED; /* shut down by another thread */
+        break;
+      }
+      int left = sock_left_ms(deadline_ms);
+      if (left == 0) {
+        r = -ETIMEDOUT;
+        break;
+      }
+      poll(NULL, 0, left < 0 || left > 10 ? 10 : left);
+      continue;
+    }
+    if (!is_unix && (r == -EINPROGRESS || r == -EINTR || r == -EALREADY)) {
+      struct pollfd pfd = { .fd = fd, .events = POLLOUT };
+      int n = poll(&pfd, 1, sock_left_ms(deadline_ms));
+      if (n < 0 && errno == EINTR)
+        continue; /* connect again: EALREADY while it is under way */
+      if (n == 0) {
+        r = -ETIMEDOUT;
+        break;
+      }
+      int err = 0;
+      socklen_t el = sizeof err;
+      if (n < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0)
+        r = -errno;
+      else
+        r = err ? -err : (pfd.revents & (POLLHUP | POLLERR)) ? -ECONNABORTED
+                                                              : 0;
+      break;
+    }
+    if (r == -EISCONN)
+      r = 0; /* an interrupted connect completed meanwhile */
+    break;
   }
-  int r = connect(fd, sa, len) == 0 ? 0 : -errno;
-  if (deadline_ms) {
-    if (r == -EINPROGRESS || r == -EAGAIN)
-      r = -ETIMEDOUT;
-    struct timeval none = { 0 };
-    if (r == 0 &&
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none) < 0)
-      r = -errno;
-  }
+  if (r == 0)
+    r = sock_set_nonblock(fd, false);
   return r;
 }
 

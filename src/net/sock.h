@@ -22,10 +22,11 @@ int sock_listen_unix(const char *path);
  * the count, 0 when none were passed. */
 int sock_activation_fds(int *fds, int max);
 
-/* Blocking connects; the fd is returned blocking, close-on-exec. When
- * on_fd is given, each socket is passed to it before its connect starts,
- * and -1 is passed before a socket that failed is closed: another thread
- * may shutdown(2) the socket meanwhile to abort a connect that hangs.
+/* Connects that return when done; the fd is returned blocking,
+ * close-on-exec. When on_fd is given, each socket is passed to it before
+ * its connect starts, and -1 is passed before a socket that failed is
+ * closed: another thread may shutdown(2) the socket meanwhile to abort a
+ * connect that hangs (over TCP at once, on a Unix socket within 10 ms).
  * timeout_ms >= 0 bounds the wait (over all of a host's addresses):
  * -ETIMEDOUT when a server neither accepts nor refuses in time, as one
  * whose accept queue stays full. */

@@ -18,15 +18,7 @@ tmpdir_make
 SIZE=$((3 << 20 | 1000)) # several requests, and a short tail
 FAKE=$(dirname "$0")/fakenbd.py
 
-python3 - "$TMP/want.img" "$SIZE" <<'PY'
-import sys
-path, size = sys.argv[1], int(sys.argv[2])
-with open(path, "wb") as f:
-    for off in range(0, size, 1 << 20):
-        n = min(1 << 20, size - off)
-        f.write(bytes(((i * 7 + i // 4096) & 0xFF)
-                      for i in range(off, off + n)))
-PY
+make_fake_pattern "$TMP/want.img" "$SIZE"
 
 # fake MODE: starts fakenbd.py in MODE on $TMP/MODE.sock; sets URI.
 fake () {

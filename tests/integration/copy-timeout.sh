@@ -5,7 +5,8 @@
 # oldest request's offset and length, and ETIMEDOUT; a slow server that
 # keeps answering is no failure. Every command runs under timeout(1), so a
 # hang fails the test instead of blocking it. The same --timeout bounds
-# connecting to a server that never accepts.
+# connecting to a server that never accepts, and extra connects stuck in
+# a full queue do not hold up a copy that is done.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need nbdkit
@@ -135,6 +136,25 @@ for target in "$(uri "$TMP/full.sock")" "nbd://127.0.0.1:$(cat "$TMP/full.port")
 done
 note "ok: a server that never accepts fails copy, sum and info after --timeout"
 kill "$full_pid"
+
+# A multi-conn server that accepts one connection and no other: the copy
+# runs on the one, and its extra connects, stuck in the full queue, are
+# cut short when it ends (a connect to a Unix socket is not woken by a
+# shutdown; it looks for one every 10 ms). No --timeout, so the connect
+# limit is the full 30 s: the copy must end well before that.
+FAKE_ACCEPT_ONCE=1 python3 "$(dirname "$0")/fakenbd.py" "$TMP/once.sock" \
+    good $((8 << 20)) >>"$TMP/fake.log" 2>&1 &
+SERVER_PIDS+=($!)
+wait_for test -S "$TMP/once.sock"
+make_fake_pattern "$TMP/want.img" $((8 << 20))
+rc=0
+timeout 20 "$NBDFLOW" copy --timeout 0 "$(uri "$TMP/once.sock")" \
+    "$TMP/once.img" >"$TMP/out" 2>"$TMP/err" || rc=$?
+[ "$rc" != 124 ] ||
+    fail "a copy whose extra connects wait in a full queue ran 20 s"
+[ "$rc" = 0 ] || fail "copy from the server that accepts once: $(cat "$TMP/err")"
+same "$TMP/want.img" "$TMP/once.img"
+note "ok: extra connects stuck in a full queue do not hold the copy"
 
 # (e) A --timeout that is not whole seconds in range is a usage error
 # (exit 2) with one line, for each command that takes it.

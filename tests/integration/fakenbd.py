@@ -38,7 +38,9 @@ The environment variables FAKE_MIN and FAKE_MAX set the minimum and
 maximum block sizes advertised (default 1 and 32 MiB); requests that
 break the minimum get EINVAL. FAKE_CLOSE_AFTER=N (zerocap mode) closes a
 connection right after answering its Nth WRITE, FAKE_ZERO_DELAY_MS=N
-waits N ms before answering each WRITE_ZEROES.
+waits N ms before answering each WRITE_ZEROES. FAKE_ACCEPT_ONCE=1
+advertises multi-conn, accepts one connection and no other: its
+listener's queue is kept full, so later connects wait.
 """
 import os
 import socket
@@ -53,6 +55,7 @@ MIN = int(os.environ.get("FAKE_MIN", "1"))
 MAX = int(os.environ.get("FAKE_MAX", str(1 << 25)))
 CLOSE_AFTER = int(os.environ.get("FAKE_CLOSE_AFTER", "0"))
 ZERO_DELAY = float(os.environ.get("FAKE_ZERO_DELAY_MS", "0")) / 1000
+ACCEPT_ONCE = os.environ.get("FAKE_ACCEPT_ONCE") == "1"
 
 OPT_MAGIC = 0x3e889045565a9
 REPLY_STRUCT = 0x668e33ef
@@ -60,6 +63,8 @@ REPLY_SIMPLE = 0x67446698
 TFLAGS = 1 | 2 | 4 | 8  # HAS_FLAGS READ_ONLY SEND_FLUSH SEND_FUA
 if MODE == "zerocap":
     TFLAGS = 1 | 4 | 8 | 64  # writable, SEND_WRITE_ZEROES
+if ACCEPT_ONCE:
+    TFLAGS |= 256  # CAN_MULTI_CONN
 DISK = bytearray(b"\xaa") * SIZE if MODE == "zerocap" else None
 LOCK = threading.Lock()
 EVIL_NAME = b"name\x1b[2J\nforged: \"name"
@@ -212,9 +217,28 @@ def serve(s):
         s.close()
 
 
+def accept_once(ls):
+    c, _ = ls.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+    fill = []
+    for _ in range(4):  # the queue stays full: later connects wait
+        f = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        f.setblocking(False)
+        try:
+            f.connect(PATH)
+        except OSError:
+            pass
+        fill.append(f)
+    time.sleep(60)
+
+
 def main():
     ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     ls.bind(PATH)
+    if ACCEPT_ONCE:
+        ls.listen(0)
+        accept_once(ls)
+        return
     ls.listen(8)
     ls.settimeout(60)
     while True:

@@ -121,6 +121,20 @@ with open(path, "wb") as f:
 PY
 }
 
+# make_fake_pattern FILE SIZE: FILE holds the SIZE bytes fakenbd.py
+# serves (byte i is (i * 7 + i // 4096) mod 256).
+make_fake_pattern () {
+    python3 - "$1" "$2" <<'PY' || fail "cannot write $1"
+import sys
+path, size = sys.argv[1], int(sys.argv[2])
+with open(path, "wb") as f:
+    for off in range(0, size, 1 << 20):
+        n = min(1 << 20, size - off)
+        f.write(bytes(((i * 7 + i // 4096) & 0xFF)
+                      for i in range(off, off + n)))
+PY
+}
+
 # same A B: byte-for-byte comparison; fails the test on a difference.
 same () {
     cmp "$1" "$2" >&2 || fail "$1 and $2 differ"
