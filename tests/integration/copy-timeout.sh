@@ -94,28 +94,7 @@ same "$TMP/src.img" "$TMP/back.img"
 # connect waits (for ever on a Unix socket; for the kernel's SYN retries,
 # about two minutes, over TCP). copy, sum and info give up after their
 # --timeout with one line naming the socket.
-python3 - "$TMP/full.sock" "$TMP/full.port" <<'EOF' &
-import os, socket, sys, time
-socks = []
-for fam, addr in ((socket.AF_UNIX, sys.argv[1]), (socket.AF_INET, None)):
-    s = socket.socket(fam)
-    s.bind(addr if addr else ("127.0.0.1", 0))
-    s.listen(0)
-    dst = s.getsockname()
-    for i in range(4):  # fill the queue; never accept
-        c = socket.socket(fam)
-        c.setblocking(False)
-        try:
-            c.connect(dst)
-        except OSError:
-            pass
-        socks.append(c)
-    socks.append(s)
-    if fam == socket.AF_INET:
-        open(sys.argv[2] + ".tmp", "w").write(str(dst[1]))
-        os.rename(sys.argv[2] + ".tmp", sys.argv[2])
-time.sleep(300)
-EOF
+python3 "$(dirname "$0")/fullqueue.py" "$TMP/full.sock" "$TMP/full.port" &
 full_pid=$!
 on_exit "kill $full_pid 2>/dev/null"
 for ((i = 0; i < 100; i++)); do [ -s "$TMP/full.port" ] && break; sleep 0.1; done

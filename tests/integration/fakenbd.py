@@ -218,18 +218,12 @@ def serve(s):
 
 
 def accept_once(ls):
+    from fullqueue import fill  # beside this file
     c, _ = ls.accept()
     threading.Thread(target=serve, args=(c,), daemon=True).start()
-    fill = []
-    for _ in range(4):  # the queue stays full: later connects wait
-        f = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        f.setblocking(False)
-        try:
-            f.connect(PATH)
-        except OSError:
-            pass
-        fill.append(f)
+    keep = fill(ls)  # the queue stays full: later connects wait
     time.sleep(60)
+    del keep
 
 
 def main():
