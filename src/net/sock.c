@@ -1,5 +1,6 @@
 /* sock.c: see sock.h. */
 #include "sock.h"
+#include "loop.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -14,7 +15,6 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
 
 int
@@ -139,12 +139,11 @@ sock_activation_fds(int *fds, int max)
   return n;
 }
 
+/* The deadline of a wait of timeout_ms (< 0: none, as 0). */
 static uint64_t
-sock_now_ms(void)
+sock_deadline(int timeout_ms)
 {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+  return timeout_ms < 0 ? 0 : loop_now_ms() + (uint64_t)timeout_ms + 1;
 }
 
 /* Milliseconds left until deadline_ms (0: no limit, -1), at least 0. */
@@ -153,7 +152,7 @@ sock_left_ms(uint64_t deadline_ms)
 {
   if (deadline_ms == 0)
     return -1;
-  uint64_t now = sock_now_ms();
+  uint64_t now = loop_now_ms();
   if (now >= deadline_ms)
     return 0;
   uint64_t left = deadline_ms - now;
@@ -182,7 +181,7 @@ sock_connect_by(int fd, const struct sockaddr *sa, socklen_t len,
       break;
     }
     r = -errno;
-    if (is_unix && (r == -EAGAIN || r == -EINTR)) {
+    if (is_unix && r == -EAGAIN) {
       struct pollfd pfd = { .fd = fd, .events = POLLRDHUP };
       if (poll(&pfd, 1, 0) == 1 && (pfd.revents & POLLRDHUP)) {
         r = -ECONNABORTED; /* shut down by another thread */
@@ -196,7 +195,7 @@ sock_connect_by(int fd, const struct sockaddr *sa, socklen_t len,
       poll(NULL, 0, left < 0 || left > 10 ? 10 : left);
       continue;
     }
-    if (!is_unix && (r == -EINPROGRESS || r == -EINTR || r == -EALREADY)) {
+    if (!is_unix && (r == -EINPROGRESS || r == -EALREADY)) {
       struct pollfd pfd = { .fd = fd, .events = POLLOUT };
       int n = poll(&pfd, 1, sock_left_ms(deadline_ms));
       if (n < 0 && errno == EINTR)
@@ -227,8 +226,7 @@ int
 sock_connect_tcp(const char *host, const char *port, int timeout_ms,
                  sock_fd_fn on_fd, void *arg)
 {
-  uint64_t deadline = timeout_ms >= 0
-                          ? sock_now_ms() + (uint64_t)timeout_ms + 1 : 0;
+  uint64_t deadline = sock_deadline(timeout_ms);
   struct addrinfo hints = { .ai_family = AF_UNSPEC,
                             .ai_socktype = SOCK_STREAM,
                             .ai_flags = AI_NUMERICSERV };
@@ -264,8 +262,7 @@ int
 sock_connect_unix(const char *path, int timeout_ms, sock_fd_fn on_fd,
                   void *arg)
 {
-  uint64_t deadline = timeout_ms >= 0
-                          ? sock_now_ms() + (uint64_t)timeout_ms + 1 : 0;
+  uint64_t deadline = sock_deadline(timeout_ms);
   struct sockaddr_un sun;
   socklen_t len;
   int r = sock_unix_addr(path, &sun, &len);
