@@ -19,6 +19,12 @@
 #include "util/size.h"
 #include "util/uri.h"
 
+/* Where the report goes until it is complete: a spooled file, copied to
+ * stdout only when the command succeeds, so that a map or list cut short
+ * by an error never reads as a whole one (for --json, never as valid JSON
+ * missing its end). stdout itself when no spool file can be made. */
+static FILE *info_out;
+
 struct info_args {
   const char *target;
   bool json, map, list;
@@ -70,22 +76,22 @@ info_utf8_len(const unsigned char *p)
 static void
 info_json_str(const char *s)
 {
-  putchar('"');
+  fputc('"', info_out);
   for (const unsigned char *p = (const unsigned char *)s; *p;) {
     size_t n = *p < 0x80 ? 1 : info_utf8_len(p);
     if (*p == '"' || *p == '\\')
-      printf("\\%c", *p);
+      fprintf(info_out, "\\%c", *p);
     else if (*p < 0x20 || *p == 0x7f)
-      printf("\\u%04x", *p);
+      fprintf(info_out, "\\u%04x", *p);
     else if (n == 0)
-      printf("\\ufffd");
+      fprintf(info_out, "\\ufffd");
     else if (n == 2 && p[0] == 0xc2 && p[1] <= 0x9f)
-      printf("\\u%04x", p[1]); /* a C1 control */
+      fprintf(info_out, "\\u%04x", p[1]); /* a C1 control */
     else
-      fwrite(p, 1, n, stdout);
+      fwrite(p, 1, n, info_out);
     p += n ? n : 1;
   }
-  putchar('"');
+  fputc('"', info_out);
 }
 
 /* A server's string on a terminal: control characters (C0, DEL, C1),
@@ -101,10 +107,10 @@ info_text_str(const char *s)
     if (n == 2 && p[0] == 0xc2 && p[1] <= 0x9f)
       n = 0; /* a C1 control: both bytes escaped */
     if (n == 0 || *p < 0x20 || *p == 0x7f || *p == '\\' || *p == '"') {
-      printf("\\x%02x", *p);
+      fprintf(info_out, "\\x%02x", *p);
       p++;
     } else {
-      fwrite(p, 1, n, stdout);
+      fwrite(p, 1, n, info_out);
       p += n;
     }
   }
@@ -131,13 +137,14 @@ info_map_emit(struct info_map *m)
   if (m->len == 0)
     return;
   if (m->json)
-    printf("%s{ \"offset\": %llu, \"length\": %llu, \"type\": %u, "
-           "\"description\": \"%s\" }",
-           m->any ? ",\n" : "[\n", (unsigned long long)m->off,
-           (unsigned long long)m->len, m->type, info_type_name(m->type));
+    fprintf(info_out,
+            "%s{ \"offset\": %llu, \"length\": %llu, \"type\": %u, "
+            "\"description\": \"%s\" }",
+            m->any ? ",\n" : "[\n", (unsigned long long)m->off,
+            (unsigned long long)m->len, m->type, info_type_name(m->type));
   else
-    printf("%12llu %12llu %4u  %s\n", (unsigned long long)m->off,
-           (unsigned long long)m->len, m->type, info_type_name(m->type));
+    fprintf(info_out, "%12llu %12llu %4u  %s\n", (unsigned long long)m->off,
+            (unsigned long long)m->len, m->type, info_type_name(m->type));
   m->any = true;
 }
 
@@ -160,7 +167,7 @@ info_map_end(struct info_map *m)
 {
   info_map_emit(m);
   if (m->json)
-    printf(m->any ? "\n]\n" : "[]\n");
+    fprintf(info_out, m->any ? "\n]\n" : "[]\n");
 }
 
 static int
@@ -242,9 +249,9 @@ static void
 info_flag(bool json, const char *name, bool v)
 {
   if (json)
-    printf(",\n\t\"%s\": %s", name, v ? "true" : "false");
+    fprintf(info_out, ",\n\t\"%s\": %s", name, v ? "true" : "false");
   else
-    printf("\t%s: %s\n", name, v ? "true" : "false");
+    fprintf(info_out, "\t%s: %s\n", name, v ? "true" : "false");
 }
 
 /* The lines before the exports: how the session was negotiated, and with
@@ -254,32 +261,34 @@ info_print_head(const struct client_conn *c, bool json)
 {
   const struct client_info *in = &c->info;
   if (!json) {
-    printf("protocol: %s %s TLS%s\n", in->protocol,
-           in->tls ? "with" : "without",
-           in->extended ? ", using extended packets"
-           : in->structured ? ", using structured packets" : "");
+    fprintf(info_out, "protocol: %s %s TLS%s\n", in->protocol,
+            in->tls ? "with" : "without",
+            in->extended     ? ", using extended packets"
+            : in->structured ? ", using structured packets"
+                             : "");
     return;
   }
-  printf("{\n\"protocol\": \"%s\",\n\"TLS\": %s,\n\"structured\": %s,\n",
-         in->protocol, in->tls ? "true" : "false",
-         in->structured ? "true" : "false");
-  printf("\"extended\": %s,\n", in->extended ? "true" : "false");
+  fprintf(info_out,
+          "{\n\"protocol\": \"%s\",\n\"TLS\": %s,\n\"structured\": %s,\n",
+          in->protocol, in->tls ? "true" : "false",
+          in->structured ? "true" : "false");
+  fprintf(info_out, "\"extended\": %s,\n", in->extended ? "true" : "false");
   if (in->nexports) {
-    printf("\"export-names\": [");
+    fprintf(info_out, "\"export-names\": [");
     for (size_t i = 0; i < in->nexports; i++) {
-      printf(i ? ", " : " ");
+      fprintf(info_out, i ? ", " : " ");
       info_json_str(in->exports[i]);
     }
-    printf(" ],\n");
+    fprintf(info_out, " ],\n");
   }
-  printf("\"exports\": [\n");
+  fprintf(info_out, "\"exports\": [\n");
 }
 
 static void
 info_print_tail(bool json)
 {
   if (json)
-    printf(" ]\n}\n");
+    fprintf(info_out, " ]\n}\n");
 }
 
 /* One export, as the connection c to it learnt it; uri reaches it. */
@@ -291,29 +300,32 @@ info_print_export(const struct client_conn *c, const char *uri, bool json)
   char sz[32];
   size_format_exact(in->size, sz, sizeof sz);
   if (json) {
-    printf("\t{\n\t\"export-name\": ");
+    fprintf(info_out, "\t{\n\t\"export-name\": ");
     info_json_str(in->name ? in->name : "");
     if (in->description) {
-      printf(",\n\t\"description\": ");
+      fprintf(info_out, ",\n\t\"description\": ");
       info_json_str(in->description);
     }
-    printf(",\n\t\"uri\": ");
+    fprintf(info_out, ",\n\t\"uri\": ");
     info_json_str(uri);
-    printf(",\n\t\"contexts\": [%s]", in->allocation ? " \"base:allocation\" " : "");
+    fprintf(info_out, ",\n\t\"contexts\": [%s]",
+            in->allocation ? " \"base:allocation\" " : "");
   } else {
-    printf("export=\"");
+    fprintf(info_out, "export=\"");
     info_text_str(in->name ? in->name : "");
-    printf("\":\n");
+    fprintf(info_out, "\":\n");
     if (in->description) {
-      printf("\tdescription: ");
+      fprintf(info_out, "\tdescription: ");
       info_text_str(in->description);
-      putchar('\n');
+      fputc('\n', info_out);
     }
-    printf("\texport-size: %llu (%s)\n", (unsigned long long)in->size, sz);
-    printf("\turi: ");
+    fprintf(info_out, "\texport-size: %llu (%s)\n",
+            (unsigned long long)in->size, sz);
+    fprintf(info_out, "\turi: ");
     info_text_str(uri);
-    putchar('\n');
-    printf("\tcontexts:\n%s", in->allocation ? "\t\tbase:allocation\n" : "");
+    fputc('\n', info_out);
+    fprintf(info_out, "\tcontexts:\n%s",
+            in->allocation ? "\t\tbase:allocation\n" : "");
   }
   info_flag(json, "is_rotational", f & NBD_FLAG_ROTATIONAL);
   info_flag(json, "is_read_only", f & NBD_FLAG_READ_ONLY);
@@ -327,18 +339,21 @@ info_print_export(const struct client_conn *c, const char *uri, bool json)
   info_flag(json, "can_zero", f & NBD_FLAG_SEND_WRITE_ZEROES);
   if (json) {
     if (in->has_block_size)
-      printf(",\n\t\"block_size_minimum\": %u,\n\t\"block_size_preferred\": "
-             "%u,\n\t\"block_size_maximum\": %u",
-             in->min_block, in->pref_block, in->max_block);
-    printf(",\n\t\"transmission_flags\": %u", f);
-    printf(",\n\t\"export-size\": %llu,\n\t\"export-size-str\": \"%s\"\n\t}",
-           (unsigned long long)in->size, sz);
+      fprintf(info_out,
+              ",\n\t\"block_size_minimum\": %u,\n\t\"block_size_preferred\": "
+              "%u,\n\t\"block_size_maximum\": %u",
+              in->min_block, in->pref_block, in->max_block);
+    fprintf(info_out, ",\n\t\"transmission_flags\": %u", f);
+    fprintf(info_out,
+            ",\n\t\"export-size\": %llu,\n\t\"export-size-str\": \"%s\"\n\t}",
+            (unsigned long long)in->size, sz);
   } else {
     if (in->has_block_size)
-      printf("\tblock_size_minimum: %u\n\tblock_size_preferred: %u\n"
-             "\tblock_size_maximum: %u\n",
-             in->min_block, in->pref_block, in->max_block);
-    printf("\ttransmission_flags: 0x%04x\n", f);
+      fprintf(info_out,
+              "\tblock_size_minimum: %u\n\tblock_size_preferred: %u\n"
+              "\tblock_size_maximum: %u\n",
+              in->min_block, in->pref_block, in->max_block);
+    fprintf(info_out, "\ttransmission_flags: 0x%04x\n", f);
   }
 }
 
@@ -399,7 +414,7 @@ info_list_nbd(const struct info_args *a, const struct client_conn *first)
       log_error("%s: %s", uri, c.errmsg);
     } else {
       if (i > 0 && a->json)
-        fputs(",\n", stdout);
+        fputs(",\n", info_out);
       info_print_export(&c, uri, a->json);
       client_close(&c);
     }
@@ -443,8 +458,6 @@ info_nbd(const struct info_args *a)
     }
     if (r == 0)
       info_print_tail(a->json);
-    else
-      fflush(stdout);
   }
   client_close(&c);
   uri_free(&u);
@@ -470,14 +483,16 @@ info_file(const struct info_args *a)
   if (a->map)
     r = info_map_file(fd, size, a->json);
   else if (a->json) {
-    printf("{\n\"protocol\": \"file\",\n\"exports\": [\n\t{\n\t\"uri\": ");
+    fprintf(info_out,
+            "{\n\"protocol\": \"file\",\n\"exports\": [\n\t{\n\t\"uri\": ");
     info_json_str(a->target);
-    printf(",\n\t\"export-size\": %llu,\n\t\"export-size-str\": \"%s\"\n\t} "
-           "]\n}\n",
-           (unsigned long long)size, size_format_exact(size, sz, sizeof sz));
+    fprintf(info_out,
+            ",\n\t\"export-size\": %llu,\n\t\"export-size-str\": \"%s\"\n\t} "
+            "]\n}\n",
+            (unsigned long long)size, size_format_exact(size, sz, sizeof sz));
   } else
-    printf("file: %s\n\texport-size: %llu (%s)\n", a->target,
-           (unsigned long long)size, size_format(size, sz, sizeof sz));
+    fprintf(info_out, "file: %s\n\texport-size: %llu (%s)\n", a->target,
+            (unsigned long long)size, size_format(size, sz, sizeof sz));
   close(fd);
   return r < 0 ? 1 : 0;
 }
@@ -500,6 +515,27 @@ info_usage(FILE *f)
           "           0: wait forever); connecting and the handshake\n"
           "           wait at most this, and 30 s at most\n",
           COPY_DEFAULT_TIMEOUT);
+}
+
+/* Copies the finished report from the spool to stdout: 0, or 1 after one
+ * line. */
+static int
+info_flush_spool(FILE *spool)
+{
+  char buf[65536];
+  size_t n;
+  if (fflush(spool) != 0 || fseek(spool, 0, SEEK_SET) != 0) {
+    log_error("spooling the report: %s", strerror(errno));
+    return 1;
+  }
+  while ((n = fread(buf, 1, sizeof buf, spool)) > 0)
+    if (fwrite(buf, 1, n, stdout) != n)
+      break; /* the caller's fflush/ferror check names it */
+  if (ferror(spool)) {
+    log_error("reading back the spooled report: %s", strerror(errno));
+    return 1;
+  }
+  return 0;
 }
 
 int
@@ -541,5 +577,21 @@ cmd_info(int argc, char **argv)
     return 2;
   }
   a.target = argv[optind];
-  return uri_is_nbd(a.target) ? info_nbd(&a) : info_file(&a);
+  info_out = tmpfile();
+  if (info_out == NULL) {
+    log_warn("no spool file for the report (%s): writing it as it comes",
+             strerror(errno));
+    info_out = stdout;
+  }
+  int rc = uri_is_nbd(a.target) ? info_nbd(&a) : info_file(&a);
+  if (info_out != stdout) {
+    if (rc == 0)
+      rc = info_flush_spool(info_out);
+    fclose(info_out);
+  }
+  if (fflush(stdout) != 0 || ferror(stdout)) {
+    log_error("writing the report: %s", strerror(errno));
+    rc = 1;
+  }
+  return rc;
 }

@@ -37,6 +37,19 @@ hs_fail(struct hs *h, int err, const char *fmt, ...)
   return err;
 }
 
+/* Copies a string the server sent, or fails: a name or description "MUST
+ * NOT contain NUL characters" (§Conventions), and a copy cut at one would
+ * name an export other than the one the server meant. */
+static int
+hs_strdup(struct hs *h, char **out, const uint8_t *p, size_t len,
+          const char *what)
+{
+  if (memchr(p, 0, len) != NULL)
+    return hs_fail(h, -EPROTO, "handshake: %s holds a NUL byte", what);
+  *out = strndup((const char *)p, len);
+  return *out ? 0 : hs_fail(h, -ENOMEM, "out of memory");
+}
+
 static int
 hs_left(struct hs *h)
 {
@@ -160,10 +173,10 @@ hs_list(struct hs *h)
     if (v == NULL)
       return hs_fail(h, -ENOMEM, "out of memory");
     in->exports = v;
-    v[in->nexports] = strndup((char *)h->payload + 4,
-                              wire_get32(h->payload));
-    if (v[in->nexports] == NULL)
-      return hs_fail(h, -ENOMEM, "out of memory");
+    r = hs_strdup(h, &v[in->nexports], h->payload + 4, wire_get32(h->payload),
+                  "a LIST reply's export name");
+    if (r < 0)
+      return r;
     in->nexports++;
   }
   return r < 0 ? r : hs_fail(h, -EPROTO, "handshake: endless LIST reply");
@@ -231,9 +244,10 @@ hs_info_item(struct hs *h, const uint8_t *p, uint32_t len)
     in->pref_block = wire_get32(p + 6);
     in->max_block = wire_get32(p + 10);
   } else if (type == NBD_INFO_NAME && !in->name) {
-    in->name = strndup((const char *)p + 2, len - 2);
+    return hs_strdup(h, &in->name, p + 2, len - 2, "NBD_INFO_NAME");
   } else if (type == NBD_INFO_DESCRIPTION && !in->description) {
-    in->description = strndup((const char *)p + 2, len - 2);
+    return hs_strdup(h, &in->description, p + 2, len - 2,
+                     "NBD_INFO_DESCRIPTION");
   } /* unknown items are ignored (§NBD_REP_INFO) */
   return 0;
 }

@@ -10,7 +10,8 @@
 # copy is compared with the pattern the server serves. Extended reply
 # headers that were never negotiated, an ERROR_OFFSET past the request
 # and an error message longer than its chunk are protocol errors; a
-# SET_META_CONTEXT that failed after naming a context leaves none.
+# SET_META_CONTEXT that failed after naming a context leaves none. A
+# name holding a NUL byte fails the handshake.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need python3
@@ -197,6 +198,33 @@ assert e["description"] == "desc\x1b]0;title\x07 \x9b31m\\ \ufffd\ufffd caf\u00e
 assert d["export-names"] == ["list\x1b[31m\r\nforged: list"], d["export-names"]
 PY
 note "ok: hostile names shown escaped, JSON valid"
+
+# A map cut short by an error is not printed at all: exit 1, one line
+# naming the offset, and nothing on stdout that could pass for a whole
+# map (or, with --json, for valid JSON).
+fake laterstatus
+for args in "" "--json"; do
+    rc=0
+    "$NBDFLOW" info --map $args "$URI" >"$TMP/out" 2>"$TMP/err" || rc=$?
+    [ "$rc" -ne 0 ] || fail "info --map $args with a failing status: exited 0"
+    grep -q "block status at offset 1001: " "$TMP/err" ||
+        fail "info --map $args: $(cat "$TMP/err")"
+    [ ! -s "$TMP/out" ] || fail "info --map $args printed $(cat "$TMP/out")"
+    note "ok: info --map${args:+ $args} cut short: $(cat "$TMP/err")"
+done
+
+# A string the server sends "MUST NOT contain NUL characters": cut at the
+# NUL, the name would be another export's, so the handshake fails instead.
+fake nulname
+for args in "" "--list"; do
+    rc=0
+    "$NBDFLOW" info $args "$URI" >"$TMP/out" 2>"$TMP/err" || rc=$?
+    [ "$rc" -ne 0 ] || fail "info $args with a NUL in a name: exited 0"
+    grep -q "holds a NUL byte" "$TMP/err" ||
+        fail "info $args with a NUL in a name: $(cat "$TMP/err")"
+    ! grep -q "shown" "$TMP/out" || fail "info $args printed the cut name"
+    note "ok: info${args:+ $args} with a NUL in a name: $(cat "$TMP/err")"
+done
 
 for mode in badexport badblock; do
     fake "$mode"

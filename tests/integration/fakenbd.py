@@ -13,6 +13,8 @@ Modes (what READ replies and the handshake do):
   badexport   NBD_INFO_EXPORT of 13 bytes instead of 12
   badblock    NBD_INFO_BLOCK_SIZE of 15 bytes instead of 14
   shortstatus BLOCK_STATUS describes at most 1001 bytes (all data)
+  laterstatus BLOCK_STATUS at offset 0 describes 1001 bytes (data); any
+              later one fails with EIO
   twostatus   BLOCK_STATUS answered by two chunks for the same context
   nostatus    BLOCK_STATUS never answered (the connection stays open)
   evilerror   READ fails with EIO and a message holding a newline and a
@@ -20,6 +22,8 @@ Modes (what READ replies and the handshake do):
   evilnames   NBD_INFO_NAME, NBD_INFO_DESCRIPTION and a LIST name that
               hold newlines, terminal escapes, a C1 control (UTF-8),
               bytes that are not UTF-8 and a real UTF-8 letter
+  nulname     NBD_INFO_NAME and the LIST name hold a NUL byte, which
+              the spec forbids in a string
   extmagic    READ answered by a 16-byte header with the extended reply
               magic (DONE, NONE), though extended headers were not asked
   metaerr     SET_META_CONTEXT replies base:allocation, then fails with
@@ -70,6 +74,7 @@ LOCK = threading.Lock()
 EVIL_NAME = b"name\x1b[2J\nforged: \"name"
 EVIL_DESC = b"desc\x1b]0;title\x07 \xc2\x9b31m\\ \xff\xc3 caf\xc3\xa9"
 EVIL_LIST = b"list\x1b[31m\r\nforged: list"
+NUL_NAME = b"shown\x00hidden"
 
 
 def pattern(off, n):
@@ -150,13 +155,16 @@ def handshake(s):
             if MODE == "evilnames":
                 opt_reply(s, opt, 3, struct.pack(">H", 1) + EVIL_NAME)
                 opt_reply(s, opt, 3, struct.pack(">H", 2) + EVIL_DESC)
+            if MODE == "nulname":
+                opt_reply(s, opt, 3, struct.pack(">H", 1) + NUL_NAME)
             block = struct.pack(">HIII", 3, MIN, max(MIN, 4096), MAX)
             opt_reply(s, opt, 3, block + (b"x" if MODE == "badblock" else b""))
             opt_reply(s, opt, 1)
             if opt == 7:
                 return
-        elif opt == 3 and MODE == "evilnames":  # LIST
-            opt_reply(s, opt, 2, struct.pack(">I", len(EVIL_LIST)) + EVIL_LIST)
+        elif opt == 3 and MODE in ("evilnames", "nulname"):  # LIST
+            name = EVIL_LIST if MODE == "evilnames" else NUL_NAME
+            opt_reply(s, opt, 2, struct.pack(">I", len(name)) + name)
             opt_reply(s, opt, 1)
         elif opt == 2:  # ABORT
             opt_reply(s, opt, 1)
@@ -183,10 +191,13 @@ def serve(s):
                 answer_read(s, cookie, off, n)
             elif typ == 7 and MODE == "nostatus":
                 continue  # never answered
+            elif typ == 7 and MODE == "laterstatus" and off > 0:
+                s.sendall(struct.pack(">IIQ", REPLY_SIMPLE, 5, cookie))
             elif typ == 7 and MODE == "metaerr":
                 s.sendall(struct.pack(">IIQ", REPLY_SIMPLE, 22, cookie))
             elif typ == 7:  # BLOCK_STATUS: all data
-                k = min(n, 1001) if MODE == "shortstatus" else n
+                short = MODE in ("shortstatus", "laterstatus")
+                k = min(n, 1001) if short else n
                 if MODE == "twostatus":
                     chunk(s, 0, 5, cookie, struct.pack(">III", 1, k, 0))
                 chunk(s, 1, 5, cookie, struct.pack(">III", 1, k, 0))

@@ -1,6 +1,6 @@
 #!/bin/bash
 # nbdinfo --json against each export kind: size, flags, block sizes; and
-# the read-only flag with --read-only.
+# the read-only flag with --read-only; nbdflow info failing on a full stdout.
 . "$(dirname "$0")/lib.sh"
 need nbdinfo libnbd-bin
 need python3
@@ -78,5 +78,13 @@ doc = json.load(open(sys.argv[1]))
 got = [e.get("description") for e in doc["exports"]]
 assert got == [sys.argv[2]] * 2, got
 PY
+
+# A report that cannot be written is a failure, not a silent exit 0.
+rc=0
+"$NBDFLOW" info --map "$URI/mem" >/dev/full 2>"$TMP/err" || rc=$?
+[ "$rc" -ne 0 ] || fail "info --map to a full stdout exited 0"
+grep -q "writing the report: No space left on device" "$TMP/err" ||
+    fail "info to a full stdout: $(cat "$TMP/err")"
+note "ok: info to a full stdout: $(cat "$TMP/err")"
 serve_stop
 echo "PASS: nbdinfo --json sizes and flags"
