@@ -405,6 +405,7 @@ info_list_nbd(const struct info_args *a, const struct client_conn *first)
       return -1;
     }
     struct client_opts o = { .export_name = name,
+                             .want_extended = true,
                              .want_structured = true,
                              .want_allocation = true,
                              .timeout_ms = client_handshake_ms(a->timeout_s) };
@@ -436,6 +437,7 @@ info_nbd(const struct info_args *a)
     return 1;
   }
   struct client_opts o = { .export_name = u.export_name,
+                           .want_extended = true,
                            .want_structured = true,
                            .want_allocation = true,
                            .want_list = a->list,

@@ -690,12 +690,13 @@ nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
 {
   struct nbd_priv *p = e->priv;
   p->co = (struct client_opts){ .export_name = p->uri.export_name,
-                                /* only READ replies need them; a
-                                 * destination saves their round trip */
+                                /* only READ replies and block status
+                                 * need them; a destination saves their
+                                 * round trips */
+                                .want_extended = !o->write,
                                 .want_structured = !o->write,
                                 .want_allocation = !o->write,
-                                .timeout_ms =
-                                    client_handshake_ms(o->timeout_s),
+                                .timeout_ms = client_handshake_ms(o->timeout_s),
                                 .nagle = o->nagle,
                                 .split_writes = o->split_writes };
   p->slots[0].e = e;
