@@ -338,12 +338,21 @@ hs_starttls(struct hs *h)
   struct wire_opt_reply rep;
   char err[256];
 
-  if (u->tls_type && strcmp(u->tls_type, "x509") != 0 &&
+  bool anon = u->tls_type && strcmp(u->tls_type, "anon") == 0;
+  if (u->tls_type && !anon && strcmp(u->tls_type, "x509") != 0 &&
       strcmp(u->tls_type, "psk") != 0)
-    return hs_fail(h, -ENOTSUP, "tls-type=%s is not supported (x509 or "
-                   "psk)", u->tls_type);
+    return hs_fail(h, -ENOTSUP, "tls-type=%s is not supported (anon, x509 "
+                   "or psk)", u->tls_type);
   if (u->tls_type && strcmp(u->tls_type, "psk") == 0 && !u->tls_psk_file)
     return hs_fail(h, -EINVAL, "tls-type=psk needs tls-psk-file=FILE");
+  /* Anonymous TLS has no credentials to check: asking for a check, or
+   * giving credentials, means the user wanted something else. */
+  if (anon && (u->tls_verify_peer == 1 || u->tls_psk_file ||
+               u->tls_certificates))
+    return hs_fail(h, -EINVAL, "tls-type=anon authenticates no one: drop "
+                   "%s", u->tls_verify_peer == 1 ? "tls-verify-peer=1"
+                         : u->tls_psk_file ? "tls-psk-file"
+                                           : "tls-certificates");
   int r = hs_send_opt(h, NBD_OPT_STARTTLS, NULL, 0);
   if (r < 0)
     return r;
@@ -364,6 +373,7 @@ hs_starttls(struct hs *h)
   struct tls_client_config cfg = {
     .certs_dir = u->tls_certificates,
     .psk_file = u->tls_psk_file,
+    .anon = anon,
     .username = u->user,
     .hostname = u->tls_hostname ? u->tls_hostname
                                 : u->unix_socket ? NULL : u->host,

@@ -32,6 +32,8 @@
   "-CIPHER-ALL:+AES-128-GCM:+AES-256-GCM:+CHACHA20-POLY1305:" \
   "+AES-128-CCM:+AES-256-CCM:%SERVER_PRECEDENCE"
 #define TLS_PRIO_PSK ":+ECDHE-PSK:+DHE-PSK:+PSK"
+/* Anonymous key exchange exists in TLS 1.2 only. */
+#define TLS_PRIO_ANON ":-VERS-TLS1.3:+ANON-ECDH:+ANON-DH"
 
 struct tls_creds {
   gnutls_certificate_credentials_t x509; /* NULL without --tls-certs */
@@ -78,6 +80,7 @@ struct tls_session {
   /* Client sessions own their credentials; server ones borrow. */
   gnutls_certificate_credentials_t own_x509;
   gnutls_psk_client_credentials_t own_psk;
+  gnutls_anon_client_credentials_t own_anon;
   gnutls_priority_t own_prio;
 };
 
@@ -227,12 +230,16 @@ tls_errno(int r)
 }
 
 /* The priority string both ends use: TLS 1.2 and 1.3, AEAD ciphers with
- * AES-GCM first, plus the PSK key exchanges when psk. On failure *prio is
- * NULL, err says why, and the result is -EINVAL. */
+ * AES-GCM first, plus the PSK key exchanges when psk, or only TLS 1.2 and
+ * the anonymous ones when anon. On failure *prio is NULL, err says why,
+ * and the result is -EINVAL. */
 static int
-tls_priority(gnutls_priority_t *prio, bool psk, char *err, size_t errlen)
+tls_priority(gnutls_priority_t *prio, bool psk, bool anon, char *err,
+             size_t errlen)
 {
-  const char *s = psk ? TLS_PRIO_BASE TLS_PRIO_PSK : TLS_PRIO_BASE;
+  const char *s = psk    ? TLS_PRIO_BASE TLS_PRIO_PSK
+                  : anon ? TLS_PRIO_BASE TLS_PRIO_ANON
+                         : TLS_PRIO_BASE;
   int r = gnutls_priority_init(prio, s, NULL);
   if (r < 0) {
     *prio = NULL;
@@ -464,6 +471,8 @@ tls_session_free(struct tls_session *ts)
     gnutls_certificate_free_credentials(ts->own_x509);
   if (ts->own_psk)
     gnutls_psk_free_client_credentials(ts->own_psk);
+  if (ts->own_anon)
+    gnutls_anon_free_client_credentials(ts->own_anon);
   if (ts->own_prio)
     gnutls_priority_deinit(ts->own_prio);
   free(ts->rx);
@@ -609,6 +618,8 @@ tls_describe(struct transport *t, char *buf, size_t len)
     } else {
       who = ", PSK";
     }
+  } else if (gnutls_auth_get_type(ts->s) == GNUTLS_CRD_ANON) {
+    who = ", anonymous (unauthenticated)";
   } else if (gnutls_certificate_get_peers(ts->s, NULL)) {
     who = ", peer certificate verified";
   } else {
@@ -756,7 +767,7 @@ tls_creds_server_new(const struct tls_server_config *cfg,
       goto fail;
     }
   }
-  r = tls_priority(&c->prio, cfg->psk_file != NULL, err, errlen);
+  r = tls_priority(&c->prio, cfg->psk_file != NULL, false, err, errlen);
   if (r < 0)
     goto fail;
   *out = c;
@@ -852,6 +863,16 @@ tls_client_creds(struct tls_session *ts, const struct tls_client_config *cfg,
                  char *err, size_t errlen)
 {
   int r;
+  if (cfg->anon) {
+    r = gnutls_anon_allocate_client_credentials(&ts->own_anon);
+    if (r >= 0)
+      r = gnutls_credentials_set(ts->s, GNUTLS_CRD_ANON, ts->own_anon);
+    if (r < 0) {
+      tls_err(err, errlen, "GnuTLS: %s", gnutls_strerror(r));
+      return -ENOMEM;
+    }
+    return 0;
+  }
   if (cfg->psk_file) {
     const char *user = cfg->username;
     if (user == NULL)
@@ -964,14 +985,16 @@ tls_client_start(struct transport *t, const struct tls_client_config *cfg,
 
   if (ts == NULL)
     return -ENOMEM;
-  r = tls_priority(&ts->own_prio, cfg->psk_file != NULL, err, errlen);
+  r = tls_priority(&ts->own_prio, cfg->psk_file != NULL, cfg->anon, err,
+                   errlen);
   if (r < 0)
     goto fail;
   gnutls_priority_set(ts->s, ts->own_prio);
   r = tls_client_creds(ts, cfg, err, errlen);
   if (r < 0)
     goto fail;
-  if (cfg->hostname && !cfg->psk_file && !tls_is_ip(cfg->hostname))
+  if (cfg->hostname && !cfg->psk_file && !cfg->anon &&
+      !tls_is_ip(cfg->hostname))
     gnutls_server_name_set(ts->s, GNUTLS_NAME_DNS, cfg->hostname,
                            strlen(cfg->hostname));
 

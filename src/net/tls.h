@@ -100,6 +100,8 @@ struct tls_client_config {
                           * and client-key.pem; NULL to use the system
                           * trust store */
   const char *psk_file;  /* PSK instead of X.509 when set */
+  bool anon;             /* neither: anonymous Diffie-Hellman, TLS 1.2,
+                          * which encrypts but authenticates no one */
   const char *username;  /* PSK identity; NULL means the login name */
   const char *hostname;  /* name the server certificate must carry, or NULL
                           * to check only the chain */

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Our client over TLS (nbds://, nbds+unix://): `nbdflow copy` and `nbdflow
 # info` against our server, qemu-nbd (tls-creds objects) and nbdkit
-# (--tls=require), with X.509 and PSK, every copy verified byte for byte.
+# (--tls=require), with X.509 and PSK, and anonymous TLS (tls-type=anon)
+# against qemu-nbd, every copy verified byte for byte.
 # Then the no-downgrade rule: an nbds URI never continues in clear, whether
 # the server refuses STARTTLS, is oldstyle, or is newstyle without the
 # fixed flag; and bad credentials give a clear error.
@@ -17,7 +18,7 @@ mkdir -p "$TMP/psk"
 psk_make "$TMP/psk/keys.psk" alice
 psk_make "$TMP/wrong.psk" alice
 MIB=24
-for i in 1 2 3 4 5 6 7 8; do make_random "$TMP/src$i.img" "$MIB"; done
+for i in 1 2 3 4 5 6 7 8 9; do make_random "$TMP/src$i.img" "$MIB"; done
 
 # copy_both N URI DSTFILE: uploads srcN to URI (whose export is DSTFILE),
 # downloads it back, and compares both ways.
@@ -50,16 +51,31 @@ check_fails "certificate name mismatch is refused" "$NBDFLOW" info \
     "nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/pki&tls-hostname=elsewhere.example"
 check "tls-verify-peer=0 accepts a certificate it cannot verify" "$NBDFLOW" info \
     "nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/foreign&tls-verify-peer=0"
+# Anonymous TLS against a server with credentials: no common key exchange.
+check_fails "tls-type=anon against a server with certificates" "$NBDFLOW" info \
+    "nbds://127.0.0.1:$PORT/?tls-type=anon"
+for q in "tls-type=anon&tls-verify-peer=1" "tls-type=anon&tls-certificates=$TMP/pki" \
+         "tls-type=kerberos"; do
+    rc=0
+    "$NBDFLOW" info "nbds://127.0.0.1:$PORT/?$q" >"$TMP/out" 2>&1 || rc=$?
+    [ "$rc" -ne 0 ] || fail "$q: exited 0"
+    grep -q "tls-type=anon authenticates no one\|tls-type=kerberos is not supported" \
+        "$TMP/out" || fail "$q: $(cat "$TMP/out")"
+    note "ok: $q: $(cat "$TMP/out")"
+done
 server_alive || fail "server died"
 serve_stop
 
 # ---- peers ----
 if command -v qemu-nbd >/dev/null 2>&1; then
-    for kind in x509 psk; do
+    for kind in x509 psk anon; do
         truncate -s "${MIB}M" "$TMP/q.img"
         if [ $kind = x509 ]; then
             obj="tls-creds-x509,id=tls0,endpoint=server,dir=$TMP/pki"
             n=4 q="?tls-certificates=$TMP/pki" user=
+        elif [ $kind = anon ]; then
+            obj="tls-creds-anon,id=tls0,endpoint=server"
+            n=9 q="?tls-type=anon" user=
         else
             obj="tls-creds-psk,id=tls0,endpoint=server,dir=$TMP/psk"
             n=5 q="?tls-psk-file=$TMP/psk/keys.psk" user=alice@
@@ -70,9 +86,10 @@ if command -v qemu-nbd >/dev/null 2>&1; then
         qpid=$!
         SERVER_PIDS+=("$qpid")
         for ((i = 0; i < 100; i++)); do
-            nbdinfo --can connect "nbds://${user}127.0.0.1:$qport/$q" 2>/dev/null && break
+            "$NBDFLOW" info "nbds://${user}127.0.0.1:$qport/$q" >"$TMP/out" 2>&1 && break
             sleep 0.1
         done
+        grep -q "with TLS" "$TMP/out" || fail "qemu-nbd, $kind: $(cat "$TMP/out")"
         copy_both $n "nbds://${user}127.0.0.1:$qport/$q" "$TMP/q.img"
         kill "$qpid"; wait "$qpid" 2>/dev/null
     done
