@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -396,9 +397,21 @@ class Conn:
         self.request(cmd, offset, length, flags, cookie, payload)
         return self.reply(cookie, length if cmd == CMD_READ else 0)
 
-    def open_export(self, name=b"", structured=True, meta=False):
-        """Greeting, optional STRUCTURED_REPLY and SET_META_CONTEXT, GO."""
+    def starttls(self, cafile):
+        """STARTTLS, then the TLS handshake (X.509, the server's name
+        checked as localhost); everything after runs inside TLS."""
+        t, _ = self.option(OPT_STARTTLS)
+        expect_rep(t, REP_ACK, "STARTTLS")
+        ctx = ssl.create_default_context(cafile=cafile)
+        self.sock = ctx.wrap_socket(self.sock, server_hostname="localhost")
+
+    def open_export(self, name=b"", structured=True, meta=False,
+                    tls_ca=None):
+        """Greeting, STARTTLS when tls_ca (a CA certificate file) is given,
+        optional STRUCTURED_REPLY and SET_META_CONTEXT, GO."""
         self.greeting()
+        if tls_ca:
+            self.starttls(tls_ca)
         if structured:
             expect_rep(self.structured_reply(), REP_ACK, "STRUCTURED_REPLY")
         if meta:
@@ -424,6 +437,25 @@ def expect_err(got, want, what):
 
 
 # ---- Server under test ----
+
+def make_pki(directory):
+    """X.509 files for a TLS server and its clients in directory/pki (the
+    layout of tests/integration/tls-pki.inc, which makes them); returns
+    that path. Exits 77 (skip) when certtool is missing."""
+    integ = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                         "..", "integration")
+    r = subprocess.run(
+        ["bash", "-c", '. "$0/lib.sh" && . "$0/tls-pki.inc" && '
+         'pki_ca "$1/ca" "hostile tests CA" && pki_dir "$1/ca" "$1/pki"',
+         integ, directory], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    if r.returncode == 77:
+        print(r.stdout.strip().splitlines()[-1])
+        sys.exit(77)
+    if r.returncode != 0:
+        raise Failure("making certificates: %s" % r.stdout.strip())
+    return os.path.join(directory, "pki")
+
 
 def free_port(host="127.0.0.1"):
     fam = socket.AF_INET6 if ":" in host else socket.AF_INET
