@@ -680,6 +680,14 @@ client_rx_header(struct client_conn *c)
   struct client_req *r = idx < c->nslots ? c->slots[idx] : NULL;
   if (r == NULL || r->cookie != rep.cookie || !r->sent)
     return client_proto(c, "reply to a request not in flight");
+  /* An extended reply's offset "MUST match the offset of the client's
+   * request" (§Extended reply chunk message). */
+  if (c->info.extended && rep.offset != r->offset) {
+    char why[96];
+    snprintf(why, sizeof why, "reply offset %llu for a request at %llu",
+             (unsigned long long)rep.offset, (unsigned long long)r->offset);
+    return client_proto(c, why);
+  }
   c->rx_req = r;
   c->rx_type = rep.type;
   c->rx_flags = rep.flags;
@@ -761,7 +769,9 @@ client_rx_got(struct client_conn *c, size_t n)
         return client_proto(c, "structured reply not negotiated");
       c->rx_need = NBD_STRUCTURED_REPLY_LEN;
     }
-    if (c->rx_have == c->rx_need && c->info.extended &&
+    /* Known from the magic alone: waiting for a whole extended header
+     * would wait forever on a 16-byte simple reply. */
+    if (c->info.extended && c->rx_have >= 4 &&
         wire_get32(c->rx_hdr) != NBD_EXTENDED_REPLY_MAGIC)
       return client_proto(c, "compact reply after extended headers");
     return c->rx_have == c->rx_need ? client_rx_step(c) : 0;

@@ -10,8 +10,10 @@
 # copy is compared with the pattern the server serves. Extended reply
 # headers that were never negotiated, an ERROR_OFFSET past the request
 # and an error message longer than its chunk are protocol errors; a
-# SET_META_CONTEXT that failed after naming a context leaves none. A
-# name holding a NUL byte fails the handshake.
+# SET_META_CONTEXT that failed after naming a context leaves none.
+# Extended headers work with a server that follows them, and a server
+# that breaks them is refused. A name holding a NUL byte fails the
+# handshake.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need python3
@@ -65,6 +67,33 @@ for mode in extmagic:"extended reply without extended headers" \
     fake "${mode%%:*}"
     rc=0
     "$NBDFLOW" copy "$URI" "$TMP/out.img" >"$TMP/out" 2>"$TMP/err" || rc=$?
+    check_copy_failed "${mode%%:*}" "$rc" "${mode#*:}"
+done
+
+# Extended headers from a second implementation: a server that agrees to
+# them and follows them serves a whole copy and map; one that then sends
+# a compact reply (found at once from its magic, not after waiting for 32
+# header bytes that never come), a reply header whose offset is not the
+# request's, or a compact status chunk is refused.
+fake extgood
+rm -f "$TMP/out.img"
+check "copy from a server with extended headers" \
+    "$NBDFLOW" copy --request-size 256K "$URI" "$TMP/out.img"
+same "$TMP/want.img" "$TMP/out.img"
+"$NBDFLOW" info --json "$URI" >"$TMP/info.json"
+grep -q '"extended": true' "$TMP/info.json" ||
+    fail "extended headers not negotiated: $(cat "$TMP/info.json")"
+"$NBDFLOW" info --map "$URI" >"$TMP/map"
+[ "$(cat "$TMP/map")" = "$(printf '%12u %12u %4u  data' 0 "$SIZE" 0)" ] ||
+    fail "map over extended headers: $(cat "$TMP/map")"
+note "ok: copy and map over extended headers"
+for mode in extsimple:"compact reply after extended headers" \
+    extoffset:"reply offset 1 for a request at 0" \
+    extstatus32:"bad block status chunk"; do
+    fake "${mode%%:*}"
+    rc=0
+    timeout 30 "$NBDFLOW" copy --timeout 20 "$URI" "$TMP/out.img" \
+        >"$TMP/out" 2>"$TMP/err" || rc=$?
     check_copy_failed "${mode%%:*}" "$rc" "${mode#*:}"
 done
 

@@ -34,16 +34,18 @@ kit "$TMP/a.sock" memory 16M
 check "traced copy" strace -f -qq -e trace=sendmsg,sendto -s 0 \
     -o "$TMP/hs.st" "$NBDFLOW" copy --connections 1 "nbd+unix:///?socket=$TMP/a.sock" \
     "$TMP/back.img"
-# The client's first writes: the flags (4 bytes), EXTENDED_HEADERS (16;
-# this nbdkit does not know it), STRUCTURED_REPLY (16), SET_META_CONTEXT
-# base:allocation for "" (16 + 4 + 4 + 4 + 15) and GO for "" asking 3
-# infos (16 + 4 + 2 + 6), each on its own.
+# The client's first writes: the flags (4 bytes), EXTENDED_HEADERS (16),
+# STRUCTURED_REPLY (16; only when the nbdkit refused extended headers, as
+# Debian 12's does), SET_META_CONTEXT base:allocation for ""
+# (16 + 4 + 4 + 4 + 15) and GO for "" asking 3 infos (16 + 4 + 2 + 6),
+# each on its own.
 python3 - "$TMP/hs.st" <<'PY' || fail "options were not sent one by one: $(head -5 "$TMP/hs.st")"
 import re, sys
 lens = [int(m.group(1)) for l in open(sys.argv[1])
         if re.search(r"\b(sendmsg|sendto)\(", l)
         for m in [re.search(r"= (\d+)$", l.strip())] if m]
-assert lens[:5] == [4, 16, 16, 43, 28], lens[:6]
+assert (lens[:5] == [4, 16, 16, 43, 28] or
+        lens[:4] == [4, 16, 43, 28]), lens[:6]
 PY
 note "ok: flags, then EXTENDED_HEADERS, STRUCTURED_REPLY, SET_META_CONTEXT and GO one by one"
 roundtrip "current nbdkit" "$(uri "$TMP/a.sock")"

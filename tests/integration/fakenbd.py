@@ -26,6 +26,15 @@ Modes (what READ replies and the handshake do):
               the spec forbids in a string
   extmagic    READ answered by a 16-byte header with the extended reply
               magic (DONE, NONE), though extended headers were not asked
+  extgood     agrees to extended headers and then follows them: 32-byte
+              requests, extended reply chunks, BLOCK_STATUS_EXT (a reading
+              client's whole session, from a second implementation)
+  extsimple   agrees to extended headers, then answers READ with a
+              16-byte simple reply (EIO), and nothing more
+  extoffset   agrees to extended headers; READ replies carry the request's
+              offset plus one in their header
+  extstatus32 agrees to extended headers, then answers BLOCK_STATUS with
+              a compact NBD_REPLY_TYPE_BLOCK_STATUS chunk
   metaerr     SET_META_CONTEXT replies base:allocation, then fails with
               ERR_TOO_BIG (no context is set then); BLOCK_STATUS gets
               EINVAL, as from a server without a context
@@ -69,6 +78,7 @@ if MODE == "zerocap":
     TFLAGS = 1 | 4 | 8 | 64  # writable, SEND_WRITE_ZEROES
 if ACCEPT_ONCE:
     TFLAGS |= 256  # CAN_MULTI_CONN
+EXT = MODE in ("extgood", "extsimple", "extoffset", "extstatus32")
 DISK = bytearray(b"\xaa") * SIZE if MODE == "zerocap" else None
 LOCK = threading.Lock()
 EVIL_NAME = b"name\x1b[2J\nforged: \"name"
@@ -138,13 +148,49 @@ def answer_read(s, cookie, off, n):
     chunk(s, 1, 0, cookie, b"")  # NBD_REPLY_TYPE_NONE with DONE
 
 
+def xchunk(s, flags, typ, cookie, off, data):
+    """One extended reply chunk: its header carries the request's offset."""
+    s.sendall(struct.pack(">IHHQQQ", 0x6E8A278C, flags, typ, cookie, off,
+                          len(data)) + data)
+
+
+def serve_ext(s):
+    """Transmission with extended headers: READ and BLOCK_STATUS, the
+    modes' faults, everything else EINVAL."""
+    while True:
+        magic, flags, typ, cookie, off, n = struct.unpack(
+            ">IHHQQQ", recv_exact(s, 32))
+        if magic != 0x21E41C71 or typ == 2:  # not extended, or DISC
+            return
+        if off % MIN or n % MIN or off + n > SIZE:
+            xchunk(s, 1, 0x8001, cookie, off, struct.pack(">IH", 22, 0))
+        elif typ == 0 and MODE == "extsimple":
+            s.sendall(struct.pack(">IIQ", REPLY_SIMPLE, 5, cookie))
+        elif typ == 0:  # READ: one data chunk, then NONE with DONE
+            hoff = off + 1 if MODE == "extoffset" else off
+            xchunk(s, 0, 1, cookie, hoff,
+                   struct.pack(">Q", off) + pattern(off, n))
+            xchunk(s, 1, 0, cookie, hoff, b"")
+        elif typ == 7 and MODE == "extstatus32":
+            xchunk(s, 1, 5, cookie, off, struct.pack(">III", 1, n, 0))
+        elif typ == 7:  # BLOCK_STATUS_EXT: all data, one descriptor
+            xchunk(s, 1, 6, cookie, off, struct.pack(">IIQQ", 1, 1, n, 0))
+        else:
+            xchunk(s, 1, 0x8001, cookie, off, struct.pack(">IH", 22, 0))
+
+
 def handshake(s):
+    """Returns True when extended headers were agreed."""
+    ext = False
     s.sendall(struct.pack(">QQH", 0x4e42444d41474943, 0x49484156454F5054, 1))
     recv_exact(s, 4)  # client flags
     while True:
         _, opt, n = struct.unpack(">QII", recv_exact(s, 16))
         recv_exact(s, n)
-        if opt == 8:  # STRUCTURED_REPLY
+        if opt == 11 and EXT:  # EXTENDED_HEADERS
+            opt_reply(s, opt, 1)
+            ext = True
+        elif opt == 8:  # STRUCTURED_REPLY
             opt_reply(s, opt, 1)
         elif opt == 10:  # SET_META_CONTEXT
             opt_reply(s, opt, 4, struct.pack(">I", 1) + b"base:allocation")
@@ -161,7 +207,7 @@ def handshake(s):
             opt_reply(s, opt, 3, block + (b"x" if MODE == "badblock" else b""))
             opt_reply(s, opt, 1)
             if opt == 7:
-                return
+                return ext
         elif opt == 3 and MODE in ("evilnames", "nulname"):  # LIST
             name = EVIL_LIST if MODE == "evilnames" else NUL_NAME
             opt_reply(s, opt, 2, struct.pack(">I", len(name)) + name)
@@ -176,7 +222,9 @@ def handshake(s):
 def serve(s):
     writes = 0
     try:
-        handshake(s)
+        if handshake(s):
+            serve_ext(s)
+            return
         while True:
             _, flags, typ, cookie, off, n = struct.unpack(
                 ">IHHQQI", recv_exact(s, 28))
