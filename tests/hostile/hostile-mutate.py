@@ -726,16 +726,20 @@ def send_stream(sock, data, split, rng):
             i += n
     done = 0
     for p in pieces:
-        if not p:
-            continue
-        try:
-            sock.sendall(p)
-        except (BrokenPipeError, ConnectionResetError):
-            break
-        except socket.timeout:
-            raise Failure("server stopped reading: %d of %d bytes sent"
-                          % (done, len(data)))
-        done += len(p)
+        view = memoryview(p)
+        while view:
+            # send, not sendall: when the server closes midway, the bytes
+            # the kernel took before are part of what it may have read,
+            # and the model must judge its answers against them.
+            try:
+                n = sock.send(view)
+            except (BrokenPipeError, ConnectionResetError):
+                return data[:done]
+            except socket.timeout:
+                raise Failure("server stopped reading: %d of %d bytes sent"
+                              % (done, len(data)))
+            done += n
+            view = view[n:]
     return data[:done]
 
 
