@@ -328,6 +328,41 @@ hs_oldstyle(struct hs *h)
   return 0;
 }
 
+/* The TLS query parameters of an nbds URI, checked before connecting:
+ * 0, or -errno with the reason in c->errmsg. */
+static int
+client_check_tls(struct client_conn *c, const struct nbd_uri *u)
+{
+  const char *t = u->tls_type;
+  if (!u->tls || t == NULL || strcmp(t, "x509") == 0)
+    return 0;
+  if (strcmp(t, "psk") == 0) {
+    if (u->tls_psk_file)
+      return 0;
+    snprintf(c->errmsg, sizeof c->errmsg,
+             "tls-type=psk needs tls-psk-file=FILE");
+    return -EINVAL;
+  }
+  if (strcmp(t, "anon") != 0) {
+    snprintf(c->errmsg, sizeof c->errmsg,
+             "tls-type=%s is not supported (anon, x509 or psk)", t);
+    return -ENOTSUP;
+  }
+  /* Anonymous TLS checks no one: asking for a check, or giving
+   * credentials or a name to check, means the user wanted something
+   * else. */
+  const char *drop = u->tls_verify_peer == 1 ? "tls-verify-peer=1"
+                     : u->tls_psk_file       ? "tls-psk-file"
+                     : u->tls_certificates   ? "tls-certificates"
+                     : u->tls_hostname       ? "tls-hostname"
+                                             : NULL;
+  if (drop == NULL)
+    return 0;
+  snprintf(c->errmsg, sizeof c->errmsg,
+           "tls-type=anon authenticates no one: drop %s", drop);
+  return -EINVAL;
+}
+
 /* nbds URIs: STARTTLS, then the TLS handshake on the same fd. Any answer
  * but ACK ends the connection: falling back to plaintext is what a
  * man in the middle would want (§Protocol downgrade attacks). */
@@ -339,20 +374,6 @@ hs_starttls(struct hs *h)
   char err[256];
 
   bool anon = u->tls_type && strcmp(u->tls_type, "anon") == 0;
-  if (u->tls_type && !anon && strcmp(u->tls_type, "x509") != 0 &&
-      strcmp(u->tls_type, "psk") != 0)
-    return hs_fail(h, -ENOTSUP, "tls-type=%s is not supported (anon, x509 "
-                   "or psk)", u->tls_type);
-  if (u->tls_type && strcmp(u->tls_type, "psk") == 0 && !u->tls_psk_file)
-    return hs_fail(h, -EINVAL, "tls-type=psk needs tls-psk-file=FILE");
-  /* Anonymous TLS has no credentials to check: asking for a check, or
-   * giving credentials, means the user wanted something else. */
-  if (anon && (u->tls_verify_peer == 1 || u->tls_psk_file ||
-               u->tls_certificates))
-    return hs_fail(h, -EINVAL, "tls-type=anon authenticates no one: drop "
-                   "%s", u->tls_verify_peer == 1 ? "tls-verify-peer=1"
-                         : u->tls_psk_file ? "tls-psk-file"
-                                           : "tls-certificates");
   int r = hs_send_opt(h, NBD_OPT_STARTTLS, NULL, 0);
   if (r < 0)
     return r;
@@ -381,7 +402,8 @@ hs_starttls(struct hs *h)
   };
   r = tls_client_start(&h->c->tp, &cfg, hs_left(h), err, sizeof err);
   if (r < 0)
-    return hs_fail(h, r, "TLS with the server failed: %s", err);
+    return hs_fail(h, r, "TLS with the server failed: %s%s", err,
+                   anon ? " (does the server offer anonymous TLS?)" : "");
   h->c->info.tls = true;
   return 0;
 }
@@ -539,7 +561,10 @@ client_connect(struct client_conn *c, const struct nbd_uri *u,
   struct hs h = { .c = c, .o = o, .u = u };
   if (o->timeout_ms >= 0)
     h.deadline = loop_now_ms() + (uint64_t)o->timeout_ms;
-  int r = client_open_socket(c, u, o); /* publishes the socket */
+  int r = client_check_tls(c, u);
+  if (r < 0)
+    return r;
+  r = client_open_socket(c, u, o); /* publishes the socket */
   if (r < 0)
     return r;
   c->split_writes = o->split_writes;

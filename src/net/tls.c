@@ -618,8 +618,6 @@ tls_describe(struct transport *t, char *buf, size_t len)
     } else {
       who = ", PSK";
     }
-  } else if (gnutls_auth_get_type(ts->s) == GNUTLS_CRD_ANON) {
-    who = ", anonymous (unauthenticated)";
   } else if (gnutls_certificate_get_peers(ts->s, NULL)) {
     who = ", peer certificate verified";
   } else {
