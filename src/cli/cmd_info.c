@@ -19,13 +19,12 @@
 #include "util/size.h"
 #include "util/uri.h"
 
-/* Where the report goes until it is complete: a spooled file, copied to
- * stdout only when the command succeeds, so that a map or list cut short
- * by an error never reads as a whole one (for --json, never as valid JSON
- * missing its end). stdout itself when no spool file can be made. */
-static FILE *info_out;
-
 struct info_args {
+  /* Where the report goes until it is complete: a spool file, copied to
+   * stdout only when the command succeeds, so that a map or list cut
+   * short by an error never reads as a whole one (for --json, never as
+   * valid JSON missing its end). */
+  FILE *out;
   const char *target;
   bool json, map, list;
   unsigned timeout_s; /* per block status request; 0: wait forever */
@@ -33,6 +32,7 @@ struct info_args {
 
 /* One run of the allocation map, merged with equal neighbours. */
 struct info_map {
+  FILE *out;
   bool json;
   bool any;
   uint64_t off, len;
@@ -74,24 +74,24 @@ info_utf8_len(const unsigned char *p)
  * included) escaped, bytes that are not UTF-8 replaced by U+FFFD, so the
  * output stays valid JSON whatever the server sent. */
 static void
-info_json_str(const char *s)
+info_json_str(FILE *out, const char *s)
 {
-  fputc('"', info_out);
+  fputc('"', out);
   for (const unsigned char *p = (const unsigned char *)s; *p;) {
     size_t n = *p < 0x80 ? 1 : info_utf8_len(p);
     if (*p == '"' || *p == '\\')
-      fprintf(info_out, "\\%c", *p);
+      fprintf(out, "\\%c", *p);
     else if (*p < 0x20 || *p == 0x7f)
-      fprintf(info_out, "\\u%04x", *p);
+      fprintf(out, "\\u%04x", *p);
     else if (n == 0)
-      fprintf(info_out, "\\ufffd");
+      fprintf(out, "\\ufffd");
     else if (n == 2 && p[0] == 0xc2 && p[1] <= 0x9f)
-      fprintf(info_out, "\\u%04x", p[1]); /* a C1 control */
+      fprintf(out, "\\u%04x", p[1]); /* a C1 control */
     else
-      fwrite(p, 1, n, info_out);
+      fwrite(p, 1, n, out);
     p += n ? n : 1;
   }
-  fputc('"', info_out);
+  fputc('"', out);
 }
 
 /* A server's string on a terminal: control characters (C0, DEL, C1),
@@ -100,17 +100,17 @@ info_json_str(const char *s)
  * cursor, clear the screen, forge a line or seem to end early. UTF-8
  * text passes as it is. */
 static void
-info_text_str(const char *s)
+info_text_str(FILE *out, const char *s)
 {
   for (const unsigned char *p = (const unsigned char *)s; *p;) {
     size_t n = *p < 0x80 ? 1 : info_utf8_len(p);
     if (n == 2 && p[0] == 0xc2 && p[1] <= 0x9f)
       n = 0; /* a C1 control: both bytes escaped */
     if (n == 0 || *p < 0x20 || *p == 0x7f || *p == '\\' || *p == '"') {
-      fprintf(info_out, "\\x%02x", *p);
+      fprintf(out, "\\x%02x", *p);
       p++;
     } else {
-      fwrite(p, 1, n, info_out);
+      fwrite(p, 1, n, out);
       p += n;
     }
   }
@@ -137,13 +137,13 @@ info_map_emit(struct info_map *m)
   if (m->len == 0)
     return;
   if (m->json)
-    fprintf(info_out,
+    fprintf(m->out,
             "%s{ \"offset\": %llu, \"length\": %llu, \"type\": %u, "
             "\"description\": \"%s\" }",
             m->any ? ",\n" : "[\n", (unsigned long long)m->off,
             (unsigned long long)m->len, m->type, info_type_name(m->type));
   else
-    fprintf(info_out, "%12llu %12llu %4u  %s\n", (unsigned long long)m->off,
+    fprintf(m->out, "%12llu %12llu %4u  %s\n", (unsigned long long)m->off,
             (unsigned long long)m->len, m->type, info_type_name(m->type));
   m->any = true;
 }
@@ -167,13 +167,13 @@ info_map_end(struct info_map *m)
 {
   info_map_emit(m);
   if (m->json)
-    fprintf(info_out, m->any ? "\n]\n" : "[]\n");
+    fprintf(m->out, m->any ? "\n]\n" : "[]\n");
 }
 
 static int
-info_map_nbd(struct client_conn *c, bool json, unsigned timeout_s)
+info_map_nbd(FILE *out, struct client_conn *c, bool json, unsigned timeout_s)
 {
-  struct info_map m = { .json = json };
+  struct info_map m = { .out = out, .json = json };
   struct client_extent ext[1024];
   uint64_t off = 0, size = c->info.size, span = ENDPOINT_STATUS_SPAN;
   if (!c->info.allocation) {
@@ -219,9 +219,9 @@ info_map_nbd(struct client_conn *c, bool json, unsigned timeout_s)
 }
 
 static int
-info_map_file(int fd, uint64_t size, bool json)
+info_map_file(FILE *out, int fd, uint64_t size, bool json)
 {
-  struct info_map m = { .json = json };
+  struct info_map m = { .out = out, .json = json };
   uint64_t off = 0;
   while (off < size) {
     struct endpoint_extent e;
@@ -246,114 +246,115 @@ info_map_file(int fd, uint64_t size, bool json)
 }
 
 static void
-info_flag(bool json, const char *name, bool v)
+info_flag(FILE *out, bool json, const char *name, bool v)
 {
   if (json)
-    fprintf(info_out, ",\n\t\"%s\": %s", name, v ? "true" : "false");
+    fprintf(out, ",\n\t\"%s\": %s", name, v ? "true" : "false");
   else
-    fprintf(info_out, "\t%s: %s\n", name, v ? "true" : "false");
+    fprintf(out, "\t%s: %s\n", name, v ? "true" : "false");
 }
 
 /* The lines before the exports: how the session was negotiated, and with
  * --list the names the server listed. */
 static void
-info_print_head(const struct client_conn *c, bool json)
+info_print_head(FILE *out, const struct client_conn *c, bool json)
 {
   const struct client_info *in = &c->info;
   if (!json) {
-    fprintf(info_out, "protocol: %s %s TLS%s\n", in->protocol,
+    fprintf(out, "protocol: %s %s TLS%s\n", in->protocol,
             in->tls ? "with" : "without",
             in->extended     ? ", using extended packets"
             : in->structured ? ", using structured packets"
                              : "");
     return;
   }
-  fprintf(info_out,
+  fprintf(out,
           "{\n\"protocol\": \"%s\",\n\"TLS\": %s,\n\"structured\": %s,\n",
           in->protocol, in->tls ? "true" : "false",
           in->structured ? "true" : "false");
-  fprintf(info_out, "\"extended\": %s,\n", in->extended ? "true" : "false");
+  fprintf(out, "\"extended\": %s,\n", in->extended ? "true" : "false");
   if (in->nexports) {
-    fprintf(info_out, "\"export-names\": [");
+    fprintf(out, "\"export-names\": [");
     for (size_t i = 0; i < in->nexports; i++) {
-      fprintf(info_out, i ? ", " : " ");
-      info_json_str(in->exports[i]);
+      fprintf(out, i ? ", " : " ");
+      info_json_str(out, in->exports[i]);
     }
-    fprintf(info_out, " ],\n");
+    fprintf(out, " ],\n");
   }
-  fprintf(info_out, "\"exports\": [\n");
+  fprintf(out, "\"exports\": [\n");
 }
 
 static void
-info_print_tail(bool json)
+info_print_tail(FILE *out, bool json)
 {
   if (json)
-    fprintf(info_out, " ]\n}\n");
+    fprintf(out, " ]\n}\n");
 }
 
 /* One export, as the connection c to it learnt it; uri reaches it. */
 static void
-info_print_export(const struct client_conn *c, const char *uri, bool json)
+info_print_export(FILE *out, const struct client_conn *c, const char *uri,
+                  bool json)
 {
   const struct client_info *in = &c->info;
   uint16_t f = in->tflags;
   char sz[32];
   size_format_exact(in->size, sz, sizeof sz);
   if (json) {
-    fprintf(info_out, "\t{\n\t\"export-name\": ");
-    info_json_str(in->name ? in->name : "");
+    fprintf(out, "\t{\n\t\"export-name\": ");
+    info_json_str(out, in->name ? in->name : "");
     if (in->description) {
-      fprintf(info_out, ",\n\t\"description\": ");
-      info_json_str(in->description);
+      fprintf(out, ",\n\t\"description\": ");
+      info_json_str(out, in->description);
     }
-    fprintf(info_out, ",\n\t\"uri\": ");
-    info_json_str(uri);
-    fprintf(info_out, ",\n\t\"contexts\": [%s]",
+    fprintf(out, ",\n\t\"uri\": ");
+    info_json_str(out, uri);
+    fprintf(out, ",\n\t\"contexts\": [%s]",
             in->allocation ? " \"base:allocation\" " : "");
   } else {
-    fprintf(info_out, "export=\"");
-    info_text_str(in->name ? in->name : "");
-    fprintf(info_out, "\":\n");
+    fprintf(out, "export=\"");
+    info_text_str(out, in->name ? in->name : "");
+    fprintf(out, "\":\n");
     if (in->description) {
-      fprintf(info_out, "\tdescription: ");
-      info_text_str(in->description);
-      fputc('\n', info_out);
+      fprintf(out, "\tdescription: ");
+      info_text_str(out, in->description);
+      fputc('\n', out);
     }
-    fprintf(info_out, "\texport-size: %llu (%s)\n",
+    fprintf(out, "\texport-size: %llu (%s)\n",
             (unsigned long long)in->size, sz);
-    fprintf(info_out, "\turi: ");
-    info_text_str(uri);
-    fputc('\n', info_out);
-    fprintf(info_out, "\tcontexts:\n%s",
+    fprintf(out, "\turi: ");
+    info_text_str(out, uri);
+    fputc('\n', out);
+    fprintf(out, "\tcontexts:\n%s",
             in->allocation ? "\t\tbase:allocation\n" : "");
   }
-  info_flag(json, "is_rotational", f & NBD_FLAG_ROTATIONAL);
-  info_flag(json, "is_read_only", f & NBD_FLAG_READ_ONLY);
-  info_flag(json, "can_cache", f & NBD_FLAG_SEND_CACHE);
-  info_flag(json, "can_df", f & NBD_FLAG_SEND_DF);
-  info_flag(json, "can_fast_zero", f & NBD_FLAG_SEND_FAST_ZERO);
-  info_flag(json, "can_flush", f & NBD_FLAG_SEND_FLUSH);
-  info_flag(json, "can_fua", f & NBD_FLAG_SEND_FUA);
-  info_flag(json, "can_multi_conn", f & NBD_FLAG_CAN_MULTI_CONN);
-  info_flag(json, "can_trim", f & NBD_FLAG_SEND_TRIM);
-  info_flag(json, "can_zero", f & NBD_FLAG_SEND_WRITE_ZEROES);
+  info_flag(out, json, "is_rotational", f & NBD_FLAG_ROTATIONAL);
+  info_flag(out, json, "is_read_only", f & NBD_FLAG_READ_ONLY);
+  info_flag(out, json, "can_cache", f & NBD_FLAG_SEND_CACHE);
+  info_flag(out, json, "can_df", f & NBD_FLAG_SEND_DF);
+  info_flag(out, json, "can_fast_zero", f & NBD_FLAG_SEND_FAST_ZERO);
+  info_flag(out, json, "can_flush", f & NBD_FLAG_SEND_FLUSH);
+  info_flag(out, json, "can_fua", f & NBD_FLAG_SEND_FUA);
+  info_flag(out, json, "can_multi_conn", f & NBD_FLAG_CAN_MULTI_CONN);
+  info_flag(out, json, "can_trim", f & NBD_FLAG_SEND_TRIM);
+  info_flag(out, json, "can_zero", f & NBD_FLAG_SEND_WRITE_ZEROES);
   if (json) {
     if (in->has_block_size)
-      fprintf(info_out,
+      fprintf(out,
               ",\n\t\"block_size_minimum\": %u,\n\t\"block_size_preferred\": "
               "%u,\n\t\"block_size_maximum\": %u",
               in->min_block, in->pref_block, in->max_block);
-    fprintf(info_out, ",\n\t\"transmission_flags\": %u", f);
-    fprintf(info_out,
+    fprintf(out, ",\n\t\"transmission_flags\": %u", f);
+    fprintf(out,
             ",\n\t\"export-size\": %llu,\n\t\"export-size-str\": \"%s\"\n\t}",
             (unsigned long long)in->size, sz);
   } else {
     if (in->has_block_size)
-      fprintf(info_out,
+      fprintf(out,
               "\tblock_size_minimum: %u\n\tblock_size_preferred: %u\n"
               "\tblock_size_maximum: %u\n",
               in->min_block, in->pref_block, in->max_block);
-    fprintf(info_out, "\ttransmission_flags: 0x%04x\n", f);
+    fprintf(out, "\ttransmission_flags: 0x%04x\n", f);
   }
 }
 
@@ -388,6 +389,14 @@ info_uri_with_name(const char *target, const char *name)
   return out;
 }
 
+static void
+info_warn_dropped(const struct client_conn *c, const char *uri)
+{
+  if (c->info.dropped)
+    log_warn("%s: the server's %s holds a NUL byte, which the spec "
+             "forbids: not shown", uri, c->info.dropped);
+}
+
 /* --list: every listed export's details, each from a connection of its
  * own, as nbdinfo --list shows them. 0, or -1 after one line. */
 static int
@@ -414,9 +423,10 @@ info_list_nbd(const struct info_args *a, const struct client_conn *first)
     if (r < 0) {
       log_error("%s: %s", uri, c.errmsg);
     } else {
+      info_warn_dropped(&c, uri);
       if (i > 0 && a->json)
-        fputs(",\n", info_out);
-      info_print_export(&c, uri, a->json);
+        fputs(",\n", a->out);
+      info_print_export(a->out, &c, uri, a->json);
       client_close(&c);
     }
     uri_free(&u);
@@ -449,17 +459,18 @@ info_nbd(const struct info_args *a)
     uri_free(&u);
     return 1;
   }
+  info_warn_dropped(&c, a->target);
   if (a->map) {
-    r = info_map_nbd(&c, a->json, a->timeout_s);
+    r = info_map_nbd(a->out, &c, a->json, a->timeout_s);
   } else {
-    info_print_head(&c, a->json);
+    info_print_head(a->out, &c, a->json);
     if (a->list && c.info.nexports > 0) {
       r = info_list_nbd(a, &c);
     } else {
-      info_print_export(&c, a->target, a->json);
+      info_print_export(a->out, &c, a->target, a->json);
     }
     if (r == 0)
-      info_print_tail(a->json);
+      info_print_tail(a->out, a->json);
   }
   client_close(&c);
   uri_free(&u);
@@ -483,17 +494,17 @@ info_file(const struct info_args *a)
     return 1;
   }
   if (a->map)
-    r = info_map_file(fd, size, a->json);
+    r = info_map_file(a->out, fd, size, a->json);
   else if (a->json) {
-    fprintf(info_out,
+    fprintf(a->out,
             "{\n\"protocol\": \"file\",\n\"exports\": [\n\t{\n\t\"uri\": ");
-    info_json_str(a->target);
-    fprintf(info_out,
+    info_json_str(a->out, a->target);
+    fprintf(a->out,
             ",\n\t\"export-size\": %llu,\n\t\"export-size-str\": \"%s\"\n\t} "
             "]\n}\n",
             (unsigned long long)size, size_format_exact(size, sz, sizeof sz));
   } else
-    fprintf(info_out, "file: %s\n\texport-size: %llu (%s)\n", a->target,
+    fprintf(a->out, "file: %s\n\texport-size: %llu (%s)\n", a->target,
             (unsigned long long)size, size_format(size, sz, sizeof sz));
   close(fd);
   return r < 0 ? 1 : 0;
@@ -519,22 +530,50 @@ info_usage(FILE *f)
           COPY_DEFAULT_TIMEOUT);
 }
 
+/* The spool: an unlinked file in $TMPDIR (default /tmp), whose name goes
+ * to dir for messages. NULL, with errno, when none can be made. */
+static FILE *
+info_spool_open(const char **dir)
+{
+  const char *d = getenv("TMPDIR");
+  char path[4096];
+  *dir = d && d[0] ? d : "/tmp";
+  if (snprintf(path, sizeof path, "%s/nbdflow-info.XXXXXX", *dir) >=
+      (int)sizeof path) {
+    errno = ENAMETOOLONG;
+    return NULL;
+  }
+  int fd = mkstemp(path);
+  if (fd < 0)
+    return NULL;
+  unlink(path);
+  FILE *f = fdopen(fd, "w+");
+  if (f == NULL) {
+    int e = errno;
+    close(fd);
+    errno = e;
+  }
+  return f;
+}
+
 /* Copies the finished report from the spool to stdout: 0, or 1 after one
- * line. */
+ * line. A spool that lost a write fails here, before anything is shown. */
 static int
-info_flush_spool(FILE *spool)
+info_flush_spool(FILE *spool, const char *dir)
 {
   char buf[65536];
   size_t n;
-  if (fflush(spool) != 0 || fseek(spool, 0, SEEK_SET) != 0) {
-    log_error("spooling the report: %s", strerror(errno));
+  if (fflush(spool) != 0 || ferror(spool) || fseek(spool, 0, SEEK_SET) != 0) {
+    log_error("spooling the report in %s: %s (TMPDIR chooses the "
+              "directory)", dir, strerror(errno));
     return 1;
   }
   while ((n = fread(buf, 1, sizeof buf, spool)) > 0)
     if (fwrite(buf, 1, n, stdout) != n)
       break; /* the caller's fflush/ferror check names it */
   if (ferror(spool)) {
-    log_error("reading back the spooled report: %s", strerror(errno));
+    log_error("reading back the report spooled in %s: %s", dir,
+              strerror(errno));
     return 1;
   }
   return 0;
@@ -579,17 +618,18 @@ cmd_info(int argc, char **argv)
     return 2;
   }
   a.target = argv[optind];
-  info_out = tmpfile();
-  if (info_out == NULL) {
-    log_warn("no spool file for the report (%s): writing it as it comes",
-             strerror(errno));
-    info_out = stdout;
+  const char *dir;
+  a.out = info_spool_open(&dir);
+  if (a.out == NULL) {
+    log_warn("no spool file in %s for the report (%s): writing it as it "
+             "comes", dir, strerror(errno));
+    a.out = stdout;
   }
   int rc = uri_is_nbd(a.target) ? info_nbd(&a) : info_file(&a);
-  if (info_out != stdout) {
+  if (a.out != stdout) {
     if (rc == 0)
-      rc = info_flush_spool(info_out);
-    fclose(info_out);
+      rc = info_flush_spool(a.out, dir);
+    fclose(a.out);
   }
   if (fflush(stdout) != 0 || ferror(stdout)) {
     log_error("writing the report: %s", strerror(errno));

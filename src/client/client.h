@@ -83,6 +83,9 @@ struct client_info {
   uint32_t min_block, pref_block, max_block; /* defaults when not sent */
   char *name;                 /* NBD_INFO_NAME, or NULL */
   char *description;          /* NBD_INFO_DESCRIPTION, or NULL */
+  const char *dropped;        /* "NBD_INFO_NAME" or "NBD_INFO_DESCRIPTION"
+                               * when one held a NUL byte and was left
+                               * out, or NULL */
   bool structured, extended;
   bool tls;                   /* the session runs inside TLS */
   bool allocation;            /* base:allocation was selected */

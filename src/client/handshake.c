@@ -37,9 +37,9 @@ hs_fail(struct hs *h, int err, const char *fmt, ...)
   return err;
 }
 
-/* Copies a string the server sent, or fails: a name or description "MUST
- * NOT contain NUL characters" (§Conventions), and a copy cut at one would
- * name an export other than the one the server meant. */
+/* Copies a string the server sent, or fails: a name "MUST NOT contain NUL
+ * characters" (§Conventions), and a copy cut at one would name an export
+ * other than the one the server meant. */
 static int
 hs_strdup(struct hs *h, char **out, const uint8_t *p, size_t len,
           const char *what)
@@ -243,11 +243,18 @@ hs_info_item(struct hs *h, const uint8_t *p, uint32_t len)
     in->min_block = wire_get32(p + 2);
     in->pref_block = wire_get32(p + 6);
     in->max_block = wire_get32(p + 10);
-  } else if (type == NBD_INFO_NAME && !in->name) {
-    return hs_strdup(h, &in->name, p + 2, len - 2, "NBD_INFO_NAME");
-  } else if (type == NBD_INFO_DESCRIPTION && !in->description) {
-    return hs_strdup(h, &in->description, p + 2, len - 2,
-                     "NBD_INFO_DESCRIPTION");
+  } else if ((type == NBD_INFO_NAME && !in->name) ||
+             (type == NBD_INFO_DESCRIPTION && !in->description)) {
+    const char *what = type == NBD_INFO_NAME ? "NBD_INFO_NAME"
+                                             : "NBD_INFO_DESCRIPTION";
+    /* Only shown, never used to address the export: one holding a NUL
+     * is left out (the caller may say so) rather than failing a copy. */
+    if (memchr(p + 2, 0, len - 2) != NULL) {
+      in->dropped = what;
+      return 0;
+    }
+    return hs_strdup(h, type == NBD_INFO_NAME ? &in->name : &in->description,
+                     p + 2, len - 2, what);
   } /* unknown items are ignored (§NBD_REP_INFO) */
   return 0;
 }

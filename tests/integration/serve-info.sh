@@ -1,6 +1,7 @@
 #!/bin/bash
 # nbdinfo --json against each export kind: size, flags, block sizes; and
-# the read-only flag with --read-only; nbdflow info failing on a full stdout.
+# the read-only flag with --read-only; nbdflow info failing on a full
+# stdout, and writing its report directly when it has no spool directory.
 . "$(dirname "$0")/lib.sh"
 need nbdinfo libnbd-bin
 need python3
@@ -86,5 +87,14 @@ rc=0
 grep -q "writing the report: No space left on device" "$TMP/err" ||
     fail "info to a full stdout: $(cat "$TMP/err")"
 note "ok: info to a full stdout: $(cat "$TMP/err")"
+# The report is spooled in TMPDIR; without a usable one it is written as
+# it comes, with a warning naming the directory.
+TMPDIR=$TMP/none "$NBDFLOW" info --map "$URI/mem" >"$TMP/out" 2>"$TMP/err" ||
+    fail "info --map without a spool directory: $(cat "$TMP/err")"
+grep -q "no spool file in $TMP/none" "$TMP/err" ||
+    fail "info without a spool directory: $(cat "$TMP/err")"
+[ "$(awk '{print $1, $2}' "$TMP/out")" = "0 1048576" ] ||
+    fail "info --map without a spool directory printed: $(cat "$TMP/out")"
+note "ok: info without a spool directory: $(cat "$TMP/err")"
 serve_stop
 echo "PASS: nbdinfo --json sizes and flags"
