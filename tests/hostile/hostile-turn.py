@@ -17,6 +17,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "lib"))
@@ -27,10 +28,12 @@ MIB = 1 << 20
 
 
 def answer_all(c, cookies, what, timeout):
-    """Reads one simple reply per cookie, in any order; each must be 0."""
-    c.sock.settimeout(timeout)
+    """Reads one simple reply per cookie, in any order, all within timeout
+    seconds; each must be 0."""
+    deadline = time.monotonic() + timeout
     left = set(cookies)
     while left:
+        c.sock.settimeout(max(deadline - time.monotonic(), 0.001))
         try:
             err, _ = c.reply()
         except Failure as e:
