@@ -51,24 +51,25 @@ check_fails "certificate name mismatch is refused" "$NBDFLOW" info \
     "nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/pki&tls-hostname=elsewhere.example"
 check "tls-verify-peer=0 accepts a certificate it cannot verify" "$NBDFLOW" info \
     "nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/foreign&tls-verify-peer=0"
+# info_fails URI PATTERN: nbdflow info URI must fail with one line
+# matching PATTERN (grep).
+info_fails () {
+    local rc=0
+    "$NBDFLOW" info "$1" >"$TMP/out" 2>&1 || rc=$?
+    [ "$rc" -ne 0 ] || fail "$1: exited 0"
+    grep -q "$2" "$TMP/out" || fail "$1: $(cat "$TMP/out")"
+    note "ok: $(cat "$TMP/out")"
+}
 # Anonymous TLS against a server with credentials: no common key exchange.
-rc=0
-"$NBDFLOW" info "nbds://127.0.0.1:$PORT/?tls-type=anon" >"$TMP/out" 2>&1 || rc=$?
-[ "$rc" -ne 0 ] || fail "tls-type=anon against a server with certificates: exited 0"
-grep -q "TLS with the server failed: .*(does the server offer anonymous TLS?)" \
-    "$TMP/out" || fail "tls-type=anon against certificates: $(cat "$TMP/out")"
-note "ok: tls-type=anon against a server with certificates: $(cat "$TMP/out")"
+info_fails "nbds://127.0.0.1:$PORT/?tls-type=anon" \
+    "TLS with the server failed: .*(does the server offer anonymous TLS?)"
 # TLS parameters that contradict each other are refused before connecting
 # (nothing listens on this port: the error must be about the URI).
 nport=$(free_port)
 for q in "tls-type=anon&tls-verify-peer=1" "tls-type=anon&tls-certificates=$TMP/pki" \
          "tls-type=anon&tls-hostname=localhost" "tls-type=psk" "tls-type=kerberos"; do
-    rc=0
-    "$NBDFLOW" info "nbds://127.0.0.1:$nport/?$q" >"$TMP/out" 2>&1 || rc=$?
-    [ "$rc" -ne 0 ] || fail "$q: exited 0"
-    grep -q "tls-type=anon authenticates no one: drop tls-\|tls-type=psk needs tls-psk-file\|tls-type=kerberos is not supported" \
-        "$TMP/out" || fail "$q: $(cat "$TMP/out")"
-    note "ok: $q: $(cat "$TMP/out")"
+    info_fails "nbds://127.0.0.1:$nport/?$q" \
+        "tls-type=anon authenticates no one: drop tls-\|tls-type=psk needs tls-psk-file\|tls-type=kerberos is not supported"
 done
 server_alive || fail "server died"
 serve_stop
