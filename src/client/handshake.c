@@ -249,12 +249,13 @@ hs_info_item(struct hs *h, const uint8_t *p, uint32_t len)
                                              : "NBD_INFO_DESCRIPTION";
     /* Only shown, never used to address the export: one holding a NUL
      * is left out (the caller may say so) rather than failing a copy. */
+    char **dst = type == NBD_INFO_NAME ? &in->name : &in->description;
     if (memchr(p + 2, 0, len - 2) != NULL) {
       in->dropped = what;
       return 0;
     }
-    return hs_strdup(h, type == NBD_INFO_NAME ? &in->name : &in->description,
-                     p + 2, len - 2, what);
+    *dst = strndup((const char *)p + 2, len - 2);
+    return *dst ? 0 : hs_fail(h, -ENOMEM, "out of memory");
   } /* unknown items are ignored (§NBD_REP_INFO) */
   return 0;
 }
