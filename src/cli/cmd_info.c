@@ -395,6 +395,10 @@ info_warn_dropped(const struct client_conn *c, const char *uri)
   if (c->info.dropped)
     log_warn("%s: the server's %s holds a NUL byte, which the spec "
              "forbids: not shown", uri, c->info.dropped);
+  if (!(c->info.tflags_sent & NBD_FLAG_HAS_FLAGS))
+    log_warn("%s: the server's transmission flags 0x%04x lack "
+             "NBD_FLAG_HAS_FLAGS, which the spec requires: ignored", uri,
+             c->info.tflags_sent);
 }
 
 /* --list: every listed export's details, each from a connection of its

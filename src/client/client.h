@@ -78,7 +78,8 @@ client_handshake_ms(unsigned timeout_s)
 struct client_info {
   const char *protocol;       /* "newstyle-fixed", "newstyle", "oldstyle" */
   uint64_t size;
-  uint16_t tflags;
+  uint16_t tflags;            /* 0 when NBD_FLAG_HAS_FLAGS was clear */
+  uint16_t tflags_sent;       /* as the server sent them */
   bool has_block_size;        /* server sent NBD_INFO_BLOCK_SIZE */
   uint32_t min_block, pref_block, max_block; /* defaults when not sent */
   char *name;                 /* NBD_INFO_NAME, or NULL */

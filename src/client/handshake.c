@@ -592,5 +592,11 @@ client_connect(struct client_conn *c, const struct nbd_uri *u,
     return r;
   }
   hs_fix_block_sizes(&c->info);
+  /* §Transmission flags: NBD_FLAG_HAS_FLAGS "MUST always be 1". Without
+   * it the other bits come from a server that predates them and carry no
+   * promise: nothing optional is used, and no write is refused here. */
+  c->info.tflags_sent = c->info.tflags;
+  if (!(c->info.tflags & NBD_FLAG_HAS_FLAGS))
+    c->info.tflags = 0;
   return 0;
 }

@@ -791,6 +791,11 @@ endpoint_open_nbd(struct ep_env *env, const char *spec,
   if (p->n > 1 && !(in->tflags & NBD_FLAG_CAN_MULTI_CONN))
     log_warn("%s: server does not advertise multi-conn; using %u "
              "connections anyway, flushing each", spec, p->started);
+  if (!(in->tflags_sent & NBD_FLAG_HAS_FLAGS))
+    log_warn("%s: the server's transmission flags 0x%04x lack "
+             "NBD_FLAG_HAS_FLAGS, which the spec requires: ignored (no "
+             "flush, no zeroing requests, no multi-conn)", spec,
+             in->tflags_sent);
   if (in->size % in->min_block) {
     /* §Size constraints: "otherwise, the client would be unable to
      * access the final few bytes of the export". A copy that cannot

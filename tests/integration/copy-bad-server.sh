@@ -13,7 +13,8 @@
 # SET_META_CONTEXT that failed after naming a context leaves none.
 # Extended headers work with a server that follows them, and a server
 # that breaks them is refused. A listed name holding a NUL byte is
-# refused; a shown one is left out.
+# refused; a shown one is left out. Transmission flags without
+# NBD_FLAG_HAS_FLAGS are ignored, with a warning.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need python3
@@ -264,6 +265,26 @@ note "ok: info with a NUL in NBD_INFO_NAME: $(cat "$TMP/err")"
 rm -f "$TMP/out.img"
 check "copy from a server whose NBD_INFO_NAME holds a NUL" \
     "$NBDFLOW" copy "$URI" "$TMP/out.img"
+same "$TMP/want.img" "$TMP/out.img"
+
+# Transmission flags without NBD_FLAG_HAS_FLAGS ("MUST always be 1")
+# promise nothing: info says so and shows none of them (this server's
+# READ_ONLY, SEND_FLUSH and SEND_FUA), and a copy from it still works.
+fake noflags
+check "info with flags lacking NBD_FLAG_HAS_FLAGS" \
+    "$NBDFLOW" info "$URI" >"$TMP/out" 2>"$TMP/err"
+grep -q "transmission flags 0x000e lack NBD_FLAG_HAS_FLAGS" "$TMP/err" ||
+    fail "info with flags lacking HAS_FLAGS: $(cat "$TMP/err")"
+grep -q "transmission_flags: 0x0000" "$TMP/out" &&
+    grep -q "is_read_only: false" "$TMP/out" &&
+    grep -q "can_flush: false" "$TMP/out" ||
+    fail "info used flags lacking HAS_FLAGS: $(cat "$TMP/out")"
+note "ok: info with flags lacking HAS_FLAGS: $(cat "$TMP/err")"
+rm -f "$TMP/out.img"
+check "copy from a server whose flags lack NBD_FLAG_HAS_FLAGS" \
+    "$NBDFLOW" copy "$URI" "$TMP/out.img" 2>"$TMP/err"
+grep -q "lack NBD_FLAG_HAS_FLAGS" "$TMP/err" ||
+    fail "copy with flags lacking HAS_FLAGS did not warn: $(cat "$TMP/err")"
 same "$TMP/want.img" "$TMP/out.img"
 
 for mode in badexport badblock; do

@@ -42,6 +42,8 @@ Modes (what READ replies and the handshake do):
               request's end, just outside it
   errmsglen   READ fails with an error chunk of an unknown type whose
               message length runs past the chunk
+  noflags     transmission flags READ_ONLY, SEND_FLUSH and SEND_FUA
+              without NBD_FLAG_HAS_FLAGS, which "MUST always be 1"
   zerocap     writable, starting as bytes 0xAA (not the pattern): WRITE
               stores, WRITE_ZEROES longer than the maximum block size
               gets EOVERFLOW (the spec allows it), shorter ones zero; each
@@ -76,6 +78,8 @@ REPLY_SIMPLE = 0x67446698
 TFLAGS = 1 | 2 | 4 | 8  # HAS_FLAGS READ_ONLY SEND_FLUSH SEND_FUA
 if MODE == "zerocap":
     TFLAGS = 1 | 4 | 8 | 64  # writable, SEND_WRITE_ZEROES
+if MODE == "noflags":
+    TFLAGS = 2 | 4 | 8
 if ACCEPT_ONCE:
     TFLAGS |= 256  # CAN_MULTI_CONN
 EXT = MODE in ("extgood", "extsimple", "extoffset", "extstatus32")
