@@ -171,11 +171,25 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     }
   }
   if (optind != argc - 2) {
-    copy_usage(stderr);
+    if (optind == argc)
+      log_error("copy: no SOURCE or DESTINATION given (see 'nbdflow copy "
+                "--help')");
+    else if (optind == argc - 1)
+      log_error("copy: no DESTINATION given after '%s' (see 'nbdflow copy "
+                "--help')", argv[optind]);
+    else
+      log_error("copy: one SOURCE and one DESTINATION, not %d names "
+                "('%s' is extra)", argc - optind, argv[optind + 2]);
     return 2;
   }
   a->src = argv[optind];
   a->dst = argv[optind + 1];
+  if (a->json && strcmp(a->dst, "-") == 0) {
+    /* The image goes to stdout; a report after it would corrupt it. */
+    log_error("--json writes its report to stdout, where DESTINATION '-' "
+              "writes the image: use one or the other");
+    return 2;
+  }
   if (a->verify && (strcmp(a->dst, "null:") == 0 || strcmp(a->dst, "-") == 0 ||
                     strcmp(a->src, "-") == 0)) {
     log_error("--verify needs a source and a destination that can be read "

@@ -629,7 +629,7 @@ cmd_info(int argc, char **argv)
              "comes", dir, strerror(errno));
     a.out = stdout;
   }
-  int rc = uri_is_nbd(a.target) ? info_nbd(&a) : info_file(&a);
+  int rc = uri_is_uri(a.target) ? info_nbd(&a) : info_file(&a);
   if (a.out != stdout) {
     if (rc == 0)
       rc = info_flush_spool(a.out, dir);

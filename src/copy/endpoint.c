@@ -544,7 +544,7 @@ endpoint_open(struct ep_env *env, const char *spec,
               const struct endpoint_opts *o, struct endpoint **out,
               char *err, size_t errlen)
 {
-  if (uri_is_nbd(spec))
+  if (uri_is_uri(spec))
     return endpoint_open_nbd(env, spec, o, out, err, errlen);
   if (strcmp(spec, "null:") == 0) {
     if (!o->write)

@@ -4,6 +4,7 @@
  * tls-certificates and tls-psk-file, and any x-*. */
 #include "uri.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -24,14 +25,37 @@ static const struct {
   { "nbd://", false, false },
 };
 
-bool
-uri_is_nbd(const char *s)
+/* Length of the RFC 3986 scheme at the start of s (ALPHA *( ALPHA /
+ * DIGIT / "+" / "-" / "." )) when a ':' follows it, else 0. */
+static size_t
+uri_scheme_len(const char *s)
 {
-  for (size_t i = 0; i < sizeof uri_schemes / sizeof uri_schemes[0]; i++)
-    if (strncasecmp(s, uri_schemes[i].prefix,
-                    strlen(uri_schemes[i].prefix)) == 0)
-      return true;
-  return false;
+  size_t n = 0;
+  if (!isalpha((unsigned char)s[0]))
+    return 0;
+  while (isalnum((unsigned char)s[n]) || s[n] == '+' || s[n] == '-' ||
+         s[n] == '.')
+    n++;
+  return s[n] == ':' ? n : 0;
+}
+
+/* True when the scheme of length n at s is nbd or nbds, alone or with a
+ * "+transport" suffix. */
+static bool
+uri_scheme_nbdish(const char *s, size_t n)
+{
+  size_t base = n >= 4 && (s[3] == 's' || s[3] == 'S') ? 4 : 3;
+  return n >= 3 && strncasecmp(s, "nbd", 3) == 0 &&
+         (n == base || (n > base && s[base] == '+'));
+}
+
+bool
+uri_is_uri(const char *s)
+{
+  size_t n = uri_scheme_len(s);
+  if (n == 0)
+    return false;
+  return strncmp(s + n, "://", 3) == 0 || uri_scheme_nbdish(s, n);
 }
 
 static int
@@ -263,9 +287,19 @@ uri_parse_parts(const char *s, struct nbd_uri *u, char *err, size_t errlen)
     if (strncasecmp(s, uri_schemes[i].prefix,
                     strlen(uri_schemes[i].prefix)) == 0)
       break; /* schemes are case-insensitive (RFC 3986, 3.1) */
-  if (i == sizeof uri_schemes / sizeof uri_schemes[0])
+  if (i == sizeof uri_schemes / sizeof uri_schemes[0]) {
+    size_t n = uri_scheme_len(s);
+    if (n > 0 && strncmp(s + n, "://", 3) != 0)
+      return uri_fail(err, errlen, "'%.*s:' must be followed by '//' "
+                      "(nbd://HOST/EXPORT, nbd+unix:///EXPORT?socket=PATH)",
+                      (int)n, s);
+    if (n > 0)
+      return uri_fail(err, errlen, "unknown scheme '%.*s' (NBD URIs start "
+                      "nbd://, nbds://, nbd+unix:// or nbds+unix://)",
+                      (int)n, s);
     return uri_fail(err, errlen, "not an NBD URI (nbd://, nbds://, "
                     "nbd+unix:// or nbds+unix://)");
+  }
   u->tls = uri_schemes[i].tls;
   u->unix_socket = uri_schemes[i].unix_socket;
   const char *p = s + strlen(uri_schemes[i].prefix);

@@ -25,9 +25,11 @@ struct nbd_uri {
   int tls_verify_peer; /* -1 when absent, else 0 or 1 */
 };
 
-/* True when s starts with one of the NBD schemes (used to tell a URI from
- * a file name). */
-bool uri_is_nbd(const char *s);
+/* True when s is to be read as a URI, not a file name: it starts with
+ * "SCHEME://" for any scheme, or with "nbd:", "nbds:", "nbd+...:" or
+ * "nbds+...:". uri_parse then accepts it or says what is wrong, so that
+ * a mistyped URI is never taken for a local file (and created). */
+bool uri_is_uri(const char *s);
 
 /* Parses s into *u (which the caller zeroes or not; it is overwritten).
  * Returns 0, or -EINVAL with a message for the user in err (errlen bytes,

@@ -1,8 +1,9 @@
 #!/bin/bash
 # Bad arguments to copy, info and sum fail with one line that names what
 # is wrong, and where: a count out of range (usage error, exit 2), a URI
-# error that names the URI (a copy has two), a directory where an image
-# was expected.
+# error that names the URI (a copy has two), a mistyped URI (never taken
+# for a file name), a directory where an image was expected, a missing or
+# extra name, a JSON report that would follow the image on stdout.
 . "$(dirname "$0")/lib.sh"
 tmpdir_make
 make_random "$TMP/src.img" 1
@@ -31,4 +32,32 @@ refused 1 "error: nbd+unix:///x: a Unix socket URI needs ?socket=PATH" \
     info nbd+unix:///x
 refused 1 "error: size of $TMP: Is a directory" sum "$TMP"
 refused 1 "error: size of $TMP: Is a directory" copy "$TMP" null:
+# A mistyped URI is an error, never a local file of that name (created
+# as a destination, or "No such file" as a source).
+cd "$TMP"
+refused 1 "error: nbd:mem: 'nbd:' must be followed by '//'" \
+    copy "$TMP/src.img" nbd:mem
+refused 1 "error: nbd+unix:mem: 'nbd+unix:' must be followed by '//'" \
+    copy "$TMP/src.img" nbd+unix:mem
+refused 1 "error: nbd+tcp://h/x: unknown scheme 'nbd+tcp'" \
+    copy nbd+tcp://h/x "$TMP/out.img"
+refused 1 "error: http://h/x: unknown scheme 'http'" info http://h/x
+refused 1 "error: nbds:/h/x: 'nbds:' must be followed by '//'" sum nbds:/h/x
+for f in nbd:mem nbd+unix:mem out.img; do
+    [ ! -e "$TMP/$f" ] || fail "a refused copy created $f"
+done
+# A colon alone does not make a URI: this is a file name.
+cp "$TMP/src.img" "$TMP/backup:1.img"
+"$NBDFLOW" copy "$TMP/backup:1.img" "$TMP/b.img" ||
+    fail "copy of backup:1.img failed"
+cmp "$TMP/src.img" "$TMP/b.img" || fail "backup:1.img: copy differs"
+cd - >/dev/null
+
+# The image on stdout is not followed by a JSON report.
+refused 2 "--json writes its report to stdout" \
+    copy --json "$TMP/src.img" -
+refused 2 "copy: no DESTINATION given after '$TMP/src.img'" \
+    copy "$TMP/src.img"
+refused 2 "copy: no SOURCE or DESTINATION given" copy
+refused 2 "('c' is extra)" copy a b c
 echo "PASS"

@@ -155,9 +155,21 @@ main(void)
   expect_fail("nbd+unix:///?socket=%00abstract", "abstract socket refused");
   expect_fail("nbd://host/e#frag", "fragment");
 
-  check(uri_is_nbd("nbd+unix:///?socket=x") && uri_is_nbd("nbds://h") &&
-          !uri_is_nbd("disk.img") && !uri_is_nbd("nbd:foo"),
-        "uri_is_nbd", "(several)");
+  check(uri_is_uri("nbd+unix:///?socket=x") && uri_is_uri("nbds://h") &&
+          uri_is_uri("NBD://h") && !uri_is_uri("disk.img") &&
+          !uri_is_uri("/abs/disk.img") && !uri_is_uri("null:"),
+        "uri_is_uri: URIs and file names", "(several)");
+  /* Mistyped URIs are URIs (and fail to parse), never file names. */
+  check(uri_is_uri("nbd:mem") && uri_is_uri("nbd+unix:mem") &&
+          uri_is_uri("nbds:/h/x") && uri_is_uri("nbd+tcp://h/") &&
+          uri_is_uri("http://h/x"),
+        "uri_is_uri: mistyped URIs", "(several)");
+  /* A colon in a plain file name does not make it a URI. */
+  check(!uri_is_uri("backup:2024.img") && !uri_is_uri("nbdx:1") &&
+          !uri_is_uri("2024:img") && !uri_is_uri("a b:c"),
+        "uri_is_uri: names with a colon", "(several)");
+  expect_fail("nbd:mem", "scheme without //");
+  expect_fail("nbd+tcp://h/", "unknown nbd+ scheme");
 
   printf("1..%d\n", count);
   return failures ? 1 : 0;
