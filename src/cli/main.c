@@ -1,9 +1,11 @@
 /* main.c: the subcommand table. */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "cli/cmd.h"
+#include "util/log.h"
 
 struct command {
   const char *name;
@@ -27,10 +29,9 @@ usage(FILE *f)
   fprintf(f, "\nRun 'nbdflow COMMAND --help' for a command's options.\n");
 }
 
-int
-main(int argc, char **argv)
+static int
+run(int argc, char **argv)
 {
-  signal(SIGPIPE, SIG_IGN);
   if (argc < 2) {
     usage(stderr);
     return 2;
@@ -49,4 +50,27 @@ main(int argc, char **argv)
   fprintf(stderr, "nbdflow: unknown command '%s'\n", argv[1]);
   usage(stderr);
   return 2;
+}
+
+/* A report or digest that could not be written (a full disk, a closed
+ * pipe) is a failure, not a success with nothing to show. */
+static int
+stdout_close(void)
+{
+  errno = 0;
+  if (fflush(stdout) == 0 && !ferror(stdout))
+    return 0;
+  log_error("writing to stdout: %s", strerror(errno ? errno : EIO));
+  return -1;
+}
+
+int
+main(int argc, char **argv)
+{
+  signal(SIGPIPE, SIG_IGN);
+  int rc = run(argc, argv);
+  /* A command that failed has said why already. */
+  if (rc == 0 && stdout_close() < 0)
+    rc = 1;
+  return rc;
 }

@@ -3,7 +3,8 @@
 # is wrong, and where: a count out of range (usage error, exit 2), a URI
 # error that names the URI (a copy has two), a mistyped URI (never taken
 # for a file name), a directory where an image was expected, a missing or
-# extra name, a JSON report that would follow the image on stdout.
+# extra name, a JSON report that would follow the image on stdout, output
+# to a full disk.
 . "$(dirname "$0")/lib.sh"
 tmpdir_make
 make_random "$TMP/src.img" 1
@@ -34,7 +35,7 @@ refused 1 "error: size of $TMP: Is a directory" sum "$TMP"
 refused 1 "error: size of $TMP: Is a directory" copy "$TMP" null:
 # A mistyped URI is an error, never a local file of that name (created
 # as a destination, or "No such file" as a source).
-cd "$TMP"
+cd "$TMP" || fail "cd $TMP"
 refused 1 "error: nbd:mem: 'nbd:' must be followed by '//'" \
     copy "$TMP/src.img" nbd:mem
 refused 1 "error: nbd+unix:mem: 'nbd+unix:' must be followed by '//'" \
@@ -51,7 +52,7 @@ cp "$TMP/src.img" "$TMP/backup:1.img"
 "$NBDFLOW" copy "$TMP/backup:1.img" "$TMP/b.img" ||
     fail "copy of backup:1.img failed"
 cmp "$TMP/src.img" "$TMP/b.img" || fail "backup:1.img: copy differs"
-cd - >/dev/null
+cd - >/dev/null || fail "cd back"
 
 # The image on stdout is not followed by a JSON report.
 refused 2 "--json writes its report to stdout" \
@@ -60,4 +61,15 @@ refused 2 "copy: no DESTINATION given after '$TMP/src.img'" \
     copy "$TMP/src.img"
 refused 2 "copy: no SOURCE or DESTINATION given" copy
 refused 2 "('c' is extra)" copy a b c
+# Output that cannot be written (a full disk) fails, with one line.
+for args in "--version" "copy --help" "sum $TMP/src.img" \
+            "copy --json $TMP/src.img null:" "info --json $TMP/src.img"; do
+    rc=0
+    # shellcheck disable=SC2086 # ARGS holds several words on purpose
+    "$NBDFLOW" $args >/dev/full 2>"$TMP/err" || rc=$?
+    [ "$rc" = 1 ] || fail "$args >/dev/full: exit $rc"
+    [ "$(wc -l <"$TMP/err")" = 1 ] || fail "$args: $(cat "$TMP/err")"
+    grep -q "No space left on device" "$TMP/err" ||
+        fail "$args >/dev/full: $(cat "$TMP/err")"
+done
 echo "PASS"
