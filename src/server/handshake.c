@@ -416,10 +416,6 @@ opt_meta_context(struct conn *c, const uint8_t *data, uint32_t len)
   bool set = c->opt.option == NBD_OPT_SET_META_CONTEXT;
   struct wire_meta_req mr;
 
-  if (set) { /* SET replaces the selection even when it fails */
-    c->meta_export = NULL;
-    c->meta_base_allocation = false;
-  }
   if (!c->structured) {
     opt_error(c, NBD_REP_ERR_INVALID, "structured replies not negotiated");
     return;
@@ -486,6 +482,13 @@ handshake_option(struct conn *c)
     conn_log(c, "option %s from a client without fixed newstyle",
            wire_opt_name(c->opt.option));
     return -1; /* unfixed newstyle has no way to answer */
+  }
+  if (c->opt.option == NBD_OPT_SET_META_CONTEXT) {
+    /* §NBD_OPT_SET_META_CONTEXT: it "replaces all previously-set
+     * metadata contexts (including when this command fails)", however it
+     * fails: data too long, shutting down, TLS required. */
+    c->meta_export = NULL;
+    c->meta_base_allocation = false;
   }
   if (server_stopping(c->srv) && c->opt.option != NBD_OPT_ABORT) {
     /* §Option haggling: while shutting down, refuse further options. */

@@ -29,6 +29,27 @@ def meta_unknown_export(server):
     c.close()
 
 
+def meta_set_fails(server):
+    # A SET_META_CONTEXT that fails still replaces the earlier selection
+    # (§NBD_OPT_SET_META_CONTEXT: "including when this command fails"),
+    # here refused for its size: BLOCK_STATUS after GO gets EINVAL.
+    c = Conn(server)
+    c.greeting()
+    expect_rep(c.structured_reply(), REP_ACK, "STRUCTURED_REPLY")
+    t, _ = c.option(OPT_SET_META_CONTEXT,
+                    meta_data(b"", ["base:allocation"]))
+    expect_rep(t, REP_ACK, "first SET_META_CONTEXT")
+    queries = ["base:allocation"] + ["x:" + "y" * 1000] * 70
+    t, _ = c.option(OPT_SET_META_CONTEXT, meta_data(b"", queries))
+    expect_rep(t, REP_ERR_TOO_BIG, "SET_META_CONTEXT of 70 KB")
+    expect_rep(c.go(b""), REP_ACK, "GO")
+    err, _ = c.do(CMD_BLOCK_STATUS, 0, 4096)
+    expect_err(err, EINVAL, "BLOCK_STATUS after a failed SET_META_CONTEXT")
+    err, _ = c.do(CMD_READ, 0, 512)
+    expect_err(err, 0, "READ after the refused BLOCK_STATUS")
+    c.close()
+
+
 def main(server):
     # SET_META_CONTEXT before STRUCTURED_REPLY: ERR_INVALID (the spec's
     # SHOULD; for LIST it is a MAY), and the connection goes on.
@@ -84,6 +105,7 @@ def main(server):
 
     if not server.peer:
         meta_unknown_export(server)
+        meta_set_fails(server)
 
 
     # STARTTLS without TLS support: ERR_UNSUP or ERR_POLICY, and on.
