@@ -454,10 +454,32 @@ info_nbd(const struct info_args *a)
                            .want_extended = true,
                            .want_structured = true,
                            .want_allocation = true,
-                           .want_list = a->list,
                            .timeout_ms = client_handshake_ms(a->timeout_s) };
-  struct client_conn c;
-  int r = client_connect(&c, &u, &o);
+  struct client_conn c, lc;
+  int r = 0;
+  if (a->list) {
+    /* The listing connection ends with NBD_OPT_ABORT before any export
+     * is opened: a server with no default export lists its others, and
+     * one that takes a single client at a time has it free again. */
+    struct client_opts lo = o;
+    lo.want_list = lo.list_only = true;
+    if (client_connect(&lc, &u, &lo) < 0) {
+      log_error("%s: %s", a->target, lc.errmsg);
+      uri_free(&u);
+      return 1;
+    }
+    info_print_head(a->out, &lc, a->json);
+    if (lc.info.nexports > 0) {
+      r = info_list_nbd(a, &lc);
+      if (r == 0)
+        info_print_tail(a->out, a->json);
+      client_close(&lc);
+      uri_free(&u);
+      return r < 0 ? 1 : 0;
+    }
+    client_close(&lc); /* nothing listed: the URI's export alone */
+  }
+  r = client_connect(&c, &u, &o);
   if (r < 0) {
     log_error("%s: %s", a->target, c.errmsg);
     uri_free(&u);
@@ -467,14 +489,10 @@ info_nbd(const struct info_args *a)
   if (a->map) {
     r = info_map_nbd(a->out, &c, a->json, a->timeout_s);
   } else {
-    info_print_head(a->out, &c, a->json);
-    if (a->list && c.info.nexports > 0) {
-      r = info_list_nbd(a, &c);
-    } else {
-      info_print_export(a->out, &c, a->target, a->json);
-    }
-    if (r == 0)
-      info_print_tail(a->out, a->json);
+    if (!a->list)
+      info_print_head(a->out, &c, a->json);
+    info_print_export(a->out, &c, a->target, a->json);
+    info_print_tail(a->out, a->json);
   }
   client_close(&c);
   uri_free(&u);
@@ -622,6 +640,11 @@ cmd_info(int argc, char **argv)
     return 2;
   }
   a.target = argv[optind];
+  if (a.list && a.map) {
+    log_error("--list and --map do not go together: --map shows one "
+              "export's map");
+    return 2;
+  }
   const char *dir;
   a.out = info_spool_open(&dir);
   if (a.out == NULL) {

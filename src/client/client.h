@@ -49,6 +49,8 @@ struct client_opts {
   bool want_extended;       /* try EXTENDED_HEADERS first */
   bool want_allocation;     /* SET_META_CONTEXT base:allocation */
   bool want_list;           /* collect NBD_OPT_LIST before GO */
+  bool list_only;           /* with want_list: no GO; end with
+                             * NBD_OPT_ABORT and close the socket */
   int timeout_ms;           /* connect and handshake; -1 for none */
   /* Diagnostics, to reproduce stock clients (docs/copy.md): leave
    * Nagle's algorithm on (no TCP_NODELAY), and send every WRITE's header

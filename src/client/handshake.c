@@ -24,6 +24,7 @@ struct hs {
   uint64_t deadline; /* loop_now_ms() value, 0 for none */
   bool fixed;        /* fixed newstyle on both sides */
   bool no_zeroes;
+  bool in_step;      /* an error reply was read whole: NBD_OPT_ABORT may end */
   uint8_t *payload;  /* last option reply payload, owned by hs */
 };
 
@@ -125,7 +126,9 @@ hs_reply_error(struct hs *h, uint32_t opt, const struct wire_opt_reply *rep)
           : rep->type == NBD_REP_ERR_UNKNOWN ? -ENOENT
           : rep->type == NBD_REP_ERR_POLICY ? -EPERM
           : rep->type == NBD_REP_ERR_TLS_REQD ? -EACCES
+          : rep->type == NBD_REP_ERR_SHUTDOWN ? -ESHUTDOWN
           : -EINVAL;
+  h->in_step = true;
   char why[LOG_ESCAPE_BUF]; /* the server's text, made safe to print */
   return hs_fail(h, err, "server refused %s: %s%s%s", wire_opt_name(opt),
                  wire_rep_name(rep->type), rep->length ? ": " : "",
@@ -146,6 +149,8 @@ hs_simple_opt(struct hs *h, uint32_t opt)
     return r;
   if (rep.type == NBD_REP_ACK)
     return 1;
+  if (rep.type == NBD_REP_ERR_SHUTDOWN)
+    return hs_reply_error(h, opt, &rep);
   if (rep.type & NBD_REP_FLAG_ERROR)
     return 0;
   return hs_fail(h, -EPROTO, "handshake: unexpected reply to %s: %s (0x%x)",
@@ -164,6 +169,8 @@ hs_list(struct hs *h)
       return r;
     if (rep.type == NBD_REP_ACK)
       return 0;
+    if (rep.type == NBD_REP_ERR_SHUTDOWN)
+      return hs_reply_error(h, NBD_OPT_LIST, &rep);
     if (rep.type & NBD_REP_FLAG_ERROR)
       return 0; /* listing refused: not fatal for info */
     if (rep.type != NBD_REP_SERVER || rep.length < 4 ||
@@ -199,6 +206,8 @@ hs_set_meta(struct hs *h)
     r = hs_recv_reply(h, NBD_OPT_SET_META_CONTEXT, &rep);
     if (r < 0)
       return r;
+    if (rep.type == NBD_REP_ERR_SHUTDOWN)
+      return hs_reply_error(h, NBD_OPT_SET_META_CONTEXT, &rep);
     if (rep.type & NBD_REP_FLAG_ERROR) {
       /* A failed SET leaves no context selected, whatever it replied
        * before (§NBD_OPT_SET_META_CONTEXT): copies then treat
@@ -438,6 +447,8 @@ hs_newstyle(struct hs *h)
   if (!h->fixed && h->u->tls)
     return hs_fail(h, -EACCES, "the server offers no TLS (newstyle without "
                    "the fixed flag); an nbds URI never continues in clear");
+  if (!h->fixed && h->o->list_only)
+    return 0; /* no listing without options; nothing selected */
   if (!h->fixed)
     return hs_export_name(h);
 
@@ -459,6 +470,10 @@ hs_newstyle(struct hs *h)
     if (r < 0)
       return r;
     c->info.structured = r == 1;
+  }
+  if (h->o->list_only) {
+    h->in_step = true; /* ended below with NBD_OPT_ABORT */
+    return 0;
   }
   if (c->info.structured && h->o->want_allocation &&
       (r = hs_set_meta(h)) < 0)
@@ -490,6 +505,22 @@ hs_run(struct hs *h)
   if (wire_get64(b + 8) != NBD_IHAVEOPT)
     return hs_fail(h, -EPROTO, "not an NBD server (bad second magic)");
   return hs_newstyle(h);
+}
+
+/* Ends option haggling as §Termination of the session asks of a client
+ * that gives up there: NBD_OPT_ABORT, then the ACK or the server's close,
+ * waited for one second at most. Failures here change nothing: the
+ * caller's error (in c->errmsg) stands. */
+static void
+hs_abort(struct hs *h)
+{
+  char keep[sizeof h->c->errmsg];
+  struct wire_opt_reply rep;
+  memcpy(keep, h->c->errmsg, sizeof keep);
+  h->deadline = loop_now_ms() + 1000;
+  if (hs_send_opt(h, NBD_OPT_ABORT, NULL, 0) == 0)
+    (void)hs_recv_reply(h, NBD_OPT_ABORT, &rep);
+  memcpy(h->c->errmsg, keep, sizeof keep);
 }
 
 /* Applies the protocol's defaults to block sizes the server did not send,
@@ -577,7 +608,19 @@ client_connect(struct client_conn *c, const struct nbd_uri *u,
     return r;
   c->split_writes = o->split_writes;
   r = hs_run(&h);
+  if (h.in_step && (r < 0 || o->list_only))
+    hs_abort(&h);
   free(h.payload);
+  if (r == 0 && o->list_only) {
+    /* Nothing was selected: the socket goes, what was learnt stays. */
+    if (o->on_socket)
+      o->on_socket(o->on_socket_arg, -1);
+    c->tp.ops->shutdown(&c->tp);
+    c->tp.ops->free(&c->tp);
+    close(c->fd);
+    c->fd = -1;
+    return 0;
+  }
   if (r == 0 && (r = sock_set_nonblock(c->fd, true)) < 0)
     snprintf(c->errmsg, sizeof c->errmsg, "set non-blocking: %s",
              strerror(-r));

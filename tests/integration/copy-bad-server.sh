@@ -287,6 +287,39 @@ grep -q "lack NBD_FLAG_HAS_FLAGS" "$TMP/err" ||
     fail "copy with flags lacking HAS_FLAGS did not warn: $(cat "$TMP/err")"
 same "$TMP/want.img" "$TMP/out.img"
 
+# A client that gives up during option haggling ends it with
+# NBD_OPT_ABORT (§Termination of the session), and at once when the server
+# is shutting down (ERR_SHUTDOWN): fakenbd logs each ABORT it gets.
+for mode in gounknown shutdown; do
+    python3 "$FAKE" "$TMP/$mode.sock" "$mode" "$SIZE" >"$TMP/$mode.log" 2>&1 &
+    SERVER_PIDS+=($!)
+    wait_for test -S "$TMP/$mode.sock"
+    URI="nbd+unix:///?socket=$TMP/$mode.sock"
+    want="no such export"
+    [ $mode = gounknown ] || want="ERR_SHUTDOWN: going down"
+    for cmd in info copy; do
+        rc=0
+        if [ $cmd = info ]; then
+            "$NBDFLOW" info "$URI" >"$TMP/out" 2>"$TMP/err" || rc=$?
+        else
+            "$NBDFLOW" copy "$URI" "$TMP/out.img" >"$TMP/out" 2>"$TMP/err" ||
+                rc=$?
+        fi
+        [ "$rc" -ne 0 ] || fail "$cmd with $mode: exited 0"
+        grep -qF "$want" "$TMP/err" || fail "$cmd with $mode: $(cat "$TMP/err")"
+        note "ok: $cmd with $mode: $(cat "$TMP/err")"
+    done
+    # --list aborts its listing connection too; one more ABORT.
+    "$NBDFLOW" info --list "$URI" >"$TMP/out" 2>"$TMP/err" &&
+        fail "info --list with $mode: exited 0"
+    wait_for grep -qx "abort" "$TMP/$mode.log"
+    n=$(grep -cx abort "$TMP/$mode.log") || true
+    want_n=3
+    [ $mode = gounknown ] && want_n=4
+    [ "$n" = $want_n ] ||
+        fail "$mode: $n NBD_OPT_ABORT seen, not $want_n: $(cat "$TMP/$mode.log")"
+done
+
 for mode in badexport badblock; do
     fake "$mode"
     for cmd in info copy; do

@@ -44,12 +44,15 @@ Modes (what READ replies and the handshake do):
               message length runs past the chunk
   noflags     transmission flags READ_ONLY, SEND_FLUSH and SEND_FUA
               without NBD_FLAG_HAS_FLAGS, which "MUST always be 1"
+  gounknown   GO answered with ERR_UNKNOWN ("no such export")
+  shutdown    every option but ABORT answered with ERR_SHUTDOWN
   zerocap     writable, starting as bytes 0xAA (not the pattern): WRITE
               stores, WRITE_ZEROES longer than the maximum block size
               gets EOVERFLOW (the spec allows it), shorter ones zero; each
               WRITE_ZEROES is logged on stdout as "zero LENGTH ok|refused"
 
-The environment variables FAKE_MIN and FAKE_MAX set the minimum and
+In every mode an NBD_OPT_ABORT is logged on stdout as "abort" before its
+ACK. The environment variables FAKE_MIN and FAKE_MAX set the minimum and
 maximum block sizes advertised (default 1 and 32 MiB); requests that
 break the minimum get EINVAL. FAKE_CLOSE_AFTER=N (zerocap mode) closes a
 connection right after answering its Nth WRITE, FAKE_ZERO_DELAY_MS=N
@@ -191,7 +194,15 @@ def handshake(s):
     while True:
         _, opt, n = struct.unpack(">QII", recv_exact(s, 16))
         recv_exact(s, n)
-        if opt == 11 and EXT:  # EXTENDED_HEADERS
+        if opt == 2:  # ABORT
+            print("abort", flush=True)
+            opt_reply(s, opt, 1)
+            raise EOFError
+        if MODE == "shutdown":
+            opt_reply(s, opt, (1 << 31) + 7, b"going down")  # ERR_SHUTDOWN
+        elif opt == 7 and MODE == "gounknown":
+            opt_reply(s, opt, (1 << 31) + 6, b"no such export")  # UNKNOWN
+        elif opt == 11 and EXT:  # EXTENDED_HEADERS
             opt_reply(s, opt, 1)
             ext = True
         elif opt == 8:  # STRUCTURED_REPLY
@@ -216,9 +227,6 @@ def handshake(s):
             name = EVIL_LIST if MODE == "evilnames" else NUL_NAME
             opt_reply(s, opt, 2, struct.pack(">I", len(name)) + name)
             opt_reply(s, opt, 1)
-        elif opt == 2:  # ABORT
-            opt_reply(s, opt, 1)
-            raise EOFError
         else:
             opt_reply(s, opt, (1 << 31) + 1)  # ERR_UNSUP
 

@@ -1,6 +1,7 @@
 #!/bin/bash
 # info-nbdinfo.sh: "nbdflow info --json" agrees with "nbdinfo --json" on
-# size (also as export-size-str) and flags for nbdkit and qemu-nbd, and --map matches the holes
+# size (also as export-size-str) and flags for nbdkit and qemu-nbd, and
+# --list on a server without a default export; --map matches the holes
 # (over NBD and for the same file read locally).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -15,7 +16,11 @@ SERVER_PIDS+=($!)
 make_sparse "$TMP/q.img" 8 "2:1"
 qemu-nbd -f raw -t -r -k "$TMP/q.sock" "$TMP/q.img" >>"$TMP/s.log" 2>&1 &
 SERVER_PIDS+=($!)
+# No default export, and qemu-nbd's default of one client at a time.
+qemu-nbd -f raw -t -r -x qx -k "$TMP/x.sock" "$TMP/q.img" >>"$TMP/s.log" 2>&1 &
+SERVER_PIDS+=($!)
 wait_for test -S "$TMP/k.sock"
+wait_for test -S "$TMP/x.sock"
 wait_for test -S "$TMP/q.sock"
 wait_for test -S "$TMP/o.sock"
 
@@ -35,6 +40,23 @@ assert len(keys) > 8
 PY
     note "ok: $s: size and flags agree with nbdinfo"
 done
+# --list asks for the list on a connection of its own, ended with
+# NBD_OPT_ABORT before the export's own connection opens: it works without
+# a default export, and does not wait on a server of one client at a time.
+uri="nbd+unix:///?socket=$TMP/x.sock"
+timeout 20 "$NBDFLOW" info --list --json "$uri" >"$TMP/ours.json" ||
+    fail "info --list on a server without a default export failed"
+nbdinfo --list --json "$uri" >"$TMP/theirs.json" || fail "nbdinfo --list failed"
+python3 - "$TMP/ours.json" "$TMP/theirs.json" <<'PY' || fail "--list: disagree"
+import json, sys
+a = json.load(open(sys.argv[1]))
+b = json.load(open(sys.argv[2]))
+assert a["export-names"] == ["qx"], a
+ea = [(e["export-name"], e["export-size"]) for e in a["exports"]]
+eb = [(e["export-name"], e["export-size"]) for e in b["exports"]]
+assert ea == eb == [("qx", 8 << 20)], (ea, eb)
+PY
+note "ok: --list without a default export agrees with nbdinfo"
 "$NBDFLOW" info --map "nbd+unix:///?socket=$TMP/q.sock" >"$TMP/map"
 grep -Eq '^ *2097152 +1048576 +0 +data$' "$TMP/map" ||
     fail "map lacks the data extent: $(cat "$TMP/map")"
