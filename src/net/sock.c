@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -104,10 +105,26 @@ sock_listen_unix(const char *path)
   int r = sock_unix_addr(path, &sun, &len);
   if (r < 0)
     return r;
+  /* What is there already: nothing, a socket left by a server that is
+   * gone (removed), or one still served, or not a socket (kept: never
+   * replace another server's socket or delete a file). */
+  struct stat st;
+  if (lstat(path, &st) == 0) {
+    if (!S_ISSOCK(st.st_mode))
+      return -EEXIST;
+    int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (probe < 0)
+      return -errno;
+    r = connect(probe, (struct sockaddr *)&sun, len);
+    int err = errno;
+    close(probe);
+    if (r == 0 || err != ECONNREFUSED)
+      return r == 0 ? -EADDRINUSE : -err;
+    unlink(path);
+  }
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0)
     return -errno;
-  unlink(path);
   if (bind(fd, (struct sockaddr *)&sun, len) < 0 || listen(fd, 128) < 0) {
     r = -errno;
     close(fd);

@@ -879,6 +879,7 @@ server_listen(struct server *s)
       return fd;
     }
     s->listen_fds[s->nlisten++] = fd;
+    s->bound_unix = true;
     log_info("listening on unix socket %s", s->cfg.unix_path);
     return 0;
   }
@@ -1028,7 +1029,7 @@ server_cleanup(struct server *s)
   workq_free(s->workq); /* finishes queued requests first */
   for (int i = 0; i < s->nlisten; i++)
     close(s->listen_fds[i]);
-  if (s->cfg.unix_path)
+  if (s->bound_unix)
     unlink(s->cfg.unix_path);
   if (s->wrote_pidfile)
     unlink(s->cfg.pidfile);

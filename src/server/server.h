@@ -125,6 +125,7 @@ struct server {
   bool warned_sndbuf;     /* atomic: the clipped-SO_SNDBUF warning was given */
   struct tls_creds *tls; /* NULL when cfg.tls_mode is TLS_OFF */
   bool wrote_pidfile;    /* cfg.pidfile is ours to remove at exit */
+  bool bound_unix;       /* cfg.unix_path is ours to remove at exit */
   /* Atomic: shutting down until then; 0 while serving. */
   uint64_t stop_deadline_ms;
 

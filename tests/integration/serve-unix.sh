@@ -1,5 +1,6 @@
 #!/bin/bash
-# Serving on a Unix socket: info, copies in and out, verified.
+# Serving on a Unix socket: info, copies in and out, verified; a live
+# server's socket is never taken over, a stale one is.
 . "$(dirname "$0")/lib.sh"
 need nbdcopy libnbd-bin
 need nbdinfo libnbd-bin
@@ -72,4 +73,32 @@ timeout 20 "$NBDFLOW" serve --unix "$TMP/late.sock" \
 grep -q "cannot write pid file $TMP/no-such-dir/serve.pid: No such file" \
     "$TMP/late.err" || fail "unwritable pid file not named: $(cat "$TMP/late.err")"
 [ ! -e "$TMP/late.sock" ] || fail "the socket was left behind after a failed start"
+
+# The socket path is taken over only from a server that is gone: a live
+# server keeps its socket (the second start fails with one line), a file
+# that is not a socket is never deleted, a stale socket is replaced.
+serve_start --unix "$TMP/one.sock" memory:1M
+for target in "$TMP/one.sock" "$TMP/plain.txt"; do
+    echo "keep me" >"$TMP/plain.txt"
+    rc=0
+    timeout 20 "$NBDFLOW" serve --unix "$target" memory:2M \
+        2>"$TMP/two.err" || rc=$?
+    [ "$rc" = 1 ] || fail "second serve on $target: exit $rc"
+    want="Address already in use"
+    [ "$target" = "$TMP/one.sock" ] || want="File exists"
+    grep -q "cannot listen on unix socket $target: $want" "$TMP/two.err" ||
+        fail "second serve on $target: $(cat "$TMP/two.err")"
+    [ "$(wc -l <"$TMP/two.err")" = 1 ] || fail "$(cat "$TMP/two.err")"
+done
+[ "$(cat "$TMP/plain.txt")" = "keep me" ] || fail "a plain file was replaced"
+[ "$(nbdinfo --size "nbd+unix:///?socket=$TMP/one.sock")" = $((1 << 20)) ] ||
+    fail "the first server lost its socket to the second"
+serve_stop
+python3 -c 'import socket, sys
+socket.socket(socket.AF_UNIX).bind(sys.argv[1])' "$TMP/stale.sock"
+[ -S "$TMP/stale.sock" ] || fail "no stale socket to test with"
+serve_start --unix "$TMP/stale.sock" memory:1M
+[ "$(nbdinfo --size "nbd+unix:///?socket=$TMP/stale.sock")" = $((1 << 20)) ] ||
+    fail "serving on a stale socket's path"
+serve_stop
 echo "PASS: Unix socket"
