@@ -3,9 +3,20 @@
 #ifndef NBDFLOW_CLI_CMD_H
 #define NBDFLOW_CLI_CMD_H
 
+#include <stdio.h>
+
 int cmd_serve(int argc, char **argv);
 int cmd_copy(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_sum(int argc, char **argv);
+
+/* After getopt has named a bad option on stderr: where the help is, and
+ * the exit status of a usage error. */
+static inline int
+cmd_usage_hint(const char *cmd)
+{
+  fprintf(stderr, "Try 'nbdflow %s --help'.\n", cmd);
+  return 2;
+}
 
 #endif

@@ -166,8 +166,7 @@ copy_parse(int argc, char **argv, struct copy_args *a)
       copy_usage(stdout);
       return 0;
     default:
-      copy_usage(stderr);
-      return 2;
+      return cmd_usage_hint("copy");
     }
   }
   if (optind != argc - 2) {

@@ -631,12 +631,12 @@ cmd_info(int argc, char **argv)
       info_usage(stdout);
       return 0;
     default:
-      info_usage(stderr);
-      return 2;
+      return cmd_usage_hint("info");
     }
   }
   if (optind != argc - 1) {
-    info_usage(stderr);
+    log_error("info: %s (see 'nbdflow info --help')",
+              optind == argc ? "no TARGET given" : "one TARGET only");
     return 2;
   }
   a.target = argv[optind];

@@ -208,15 +208,13 @@ cmd_serve(int argc, char **argv)
       serve_usage(stdout);
       return 0;
     default:
-      serve_usage(stderr);
-      return 2;
+      return cmd_usage_hint("serve");
     }
     if (r < 0)
       return 2;
   }
   if (optind >= argc) {
-    fprintf(stderr, "nbdflow serve: no export given\n");
-    serve_usage(stderr);
+    log_error("serve: no export given (see 'nbdflow serve --help')");
     return 2;
   }
   if (cfg.listen && cfg.unix_path) {

@@ -75,12 +75,12 @@ cmd_sum(int argc, char **argv)
       sum_usage(stdout);
       return 0;
     default:
-      sum_usage(stderr);
-      return 2;
+      return cmd_usage_hint("sum");
     }
   }
   if (optind != argc - 1) {
-    sum_usage(stderr);
+    log_error("sum: %s (see 'nbdflow sum --help')",
+              optind == argc ? "no SRC given" : "one SRC only");
     return 2;
   }
   const char *spec = argv[optind];

@@ -61,6 +61,17 @@ refused 2 "copy: no DESTINATION given after '$TMP/src.img'" \
     copy "$TMP/src.img"
 refused 2 "copy: no SOURCE or DESTINATION given" copy
 refused 2 "('c' is extra)" copy a b c
+refused 2 "info: no TARGET given" info
+refused 2 "sum: one SRC only" sum a b
+refused 2 "serve: no export given" serve
+refused 2 "--list and --map do not go together" info --list --map nbd://h/
+# An unknown option: getopt's line, then where the help is (not all of it).
+rc=0
+"$NBDFLOW" copy --frob a b >"$TMP/out" 2>"$TMP/err" || rc=$?
+[ "$rc" = 2 ] && [ "$(wc -l <"$TMP/err")" = 2 ] &&
+    grep -q "unrecognized option '--frob'" "$TMP/err" &&
+    grep -qx "Try 'nbdflow copy --help'." "$TMP/err" ||
+    fail "copy --frob: exit $rc: $(cat "$TMP/err")"
 # Output that cannot be written (a full disk) fails, with one line.
 for args in "--version" "copy --help" "sum $TMP/src.img" \
             "copy --json $TMP/src.img null:" "info --json $TMP/src.img"; do
