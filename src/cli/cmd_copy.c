@@ -396,6 +396,8 @@ cmd_copy(int argc, char **argv)
     copy_report_json(&a, &st, a.verify);
   rc = 0;
 out:
+  if (rc != 0 && copy_signal())
+    rc = 128 + copy_signal(); /* as a shell reports it */
   copy_chunks_free(&chunks);
   copy_session_close(&s);
   return rc;

@@ -110,6 +110,8 @@ cmd_sum(int argc, char **argv)
   struct copy_stats st;
   if (copy_run(&env, src, NULL, &o, &st, err, sizeof err) < 0) {
     log_error("%s", err);
+    if (copy_signal())
+      rc = 128 + copy_signal();
     goto out;
   }
   uint8_t d[HASH_MAX_DIGEST];

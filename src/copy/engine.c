@@ -2,6 +2,7 @@
 #include "copy/engine.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1132,11 +1133,52 @@ eng_watchdog(struct engine *e)
   }
 }
 
+/* SIGINT or SIGTERM during a run: the number, else 0. Set by the handler
+ * on whichever thread the signal lands, read by the tick. */
+static volatile sig_atomic_t eng_signal;
+
+static void
+eng_on_signal(int sig)
+{
+  eng_signal = sig;
+}
+
+int
+copy_signal(void)
+{
+  return eng_signal;
+}
+
+/* A signal stops the run at the next tick: the pieces in flight are
+ * abandoned (a stuck server must not keep the user waiting), and the
+ * error says how far it got. A second signal finds the default action
+ * back (SA_RESETHAND) and ends the process at once. */
+static void
+eng_check_signal(struct engine *e)
+{
+  int sig = eng_signal;
+  if (sig == 0 || e->finished || e->abandoned)
+    return;
+  if (!e->failed) {
+    e->failed = EINTR;
+    snprintf(e->err, e->errlen, "interrupted by %s after %llu of %llu "
+             "bytes%s", sig == SIGINT ? "SIGINT" : "SIGTERM",
+             (unsigned long long)e->st->done,
+             (unsigned long long)e->st->total,
+             e->dst ? ": the destination is incomplete" : "");
+  }
+  e->abandoned = true;
+  eng_check_finish(e);
+}
+
 static void
 eng_tick(struct loop *l, void *arg)
 {
   struct engine *e = arg;
   (void)l;
+  eng_check_signal(e);
+  if (e->finished)
+    return;
   ep_env_drain(e->env);
   eng_pump(e);
   eng_watchdog(e);
@@ -1309,11 +1351,20 @@ copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
 
   env->kick = eng_pump;
   env->kick_arg = e;
+  struct sigaction sa = { .sa_handler = eng_on_signal,
+                          .sa_flags = SA_RESETHAND | SA_RESTART };
+  struct sigaction old_int, old_term;
+  sigemptyset(&sa.sa_mask);
+  eng_signal = 0;
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
   loop_set_tick(env->loop, 200, eng_tick, e);
   eng_pump(e);
   if (!e->finished)
     r = loop_run(env->loop);
   loop_set_tick(env->loop, 0, NULL, NULL);
+  sigaction(SIGINT, &old_int, NULL);
+  sigaction(SIGTERM, &old_term, NULL);
   env->kick = NULL;
 
   st->seconds = (double)(loop_now_us() - e->t_start_us) / 1e6;

@@ -103,6 +103,10 @@ int copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
 
 void copy_chunks_free(struct copy_chunks *c);
 
+/* The signal (SIGINT, SIGTERM) that stopped the last copy_run with
+ * -EINTR, else 0. Commands exit with 128 + it, as a shell would. */
+int copy_signal(void);
+
 /* Parses a --timeout value: whole seconds, 0 to COPY_MAX_TIMEOUT.
  * Returns 0, or -1 (nothing written, the error logged) when s is not
  * one. */
