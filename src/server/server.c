@@ -899,7 +899,12 @@ server_listen(struct server *s)
   }
   n = sock_listen_tcp(host, port, s->listen_fds, SERVER_MAX_LISTEN);
   if (n < 0) {
-    log_error("cannot listen on %s port %s: %s", host, port, strerror(-n));
+    /* "::1:20004" is one IPv6 address with the default port, which is
+     * rarely what was meant. */
+    bool bare_v6 = strchr(host, ':') != NULL && spec[0] != '[';
+    log_error("cannot listen on %s port %s: %s%s", host, port, strerror(-n),
+              bare_v6 ? " (an IPv6 address with a port is written "
+                        "[ADDRESS]:PORT)" : "");
     return n;
   }
   s->nlisten = n;

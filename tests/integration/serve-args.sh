@@ -1,7 +1,8 @@
 #!/bin/bash
 # Bad serve arguments fail the start with one line that names the
 # argument and a non-zero exit: ports out of range or not numbers, memory
-# that cannot be reserved, a description too long. Port 0 takes a free
+# that cannot be reserved, a description too long, an IPv6 address with a
+# port but no brackets. Port 0 takes a free
 # port, and the log names the port actually bound (a client connects to
 # it).
 . "$(dirname "$0")/lib.sh"
@@ -26,6 +27,8 @@ for port in 99999 65536 http -5; do
 done
 refuse 'bad --listen address "127.0.0.1:": want HOST:PORT' \
     --listen 127.0.0.1: null:1M
+refuse 'cannot listen on ::1:20004 port 10809: .*\(an IPv6 address with a port is written \[ADDRESS\]:PORT\)$' \
+    --listen ::1:20004 null:1M
 refuse 'export "memory:100T": cannot reserve 100T of memory: ' memory:100T
 refuse '^nbdflow: error: --description: longer than 4096 bytes$' \
     --description "$(head -c 4097 /dev/zero | tr '\0' d)" null:1M
