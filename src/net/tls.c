@@ -56,6 +56,7 @@ struct tls_session {
   int fd;
   bool server;
   bool psk; /* PSK credentials are on the session */
+  bool x509; /* a server with a certificate to show */
   bool handshake_done;
   bool gather; /* inside sendv/flush: the push may keep records in tx */
   bool held; /* the last send used MSG_MORE: the kernel may hold a tail */
@@ -567,8 +568,10 @@ tls_handshake_step(struct transport *t, bool *want_write, char *err,
   if (!hangup)
     gnutls_alert_send_appropriate(ts->s, r);
   if (hangup) {
+    /* A server with PSK alone shows no certificate to reject. */
     snprintf(extra, sizeof extra, " (the peer hung up%s)",
-             ts->server ? "; did it reject our certificate?" : "");
+             ts->server && ts->x509 ? "; did it reject our certificate?"
+                                    : "");
   } else if (r == GNUTLS_E_RECEIVED_ILLEGAL_PARAMETER && ts->psk) {
     /* TLS 1.3 reports a PSK binder that does not verify this way. */
     snprintf(extra, sizeof extra, " (with PSK: an unknown username, or "
@@ -800,6 +803,7 @@ tls_server_start(struct transport *t, const struct tls_creds *creds,
   int r = gnutls_priority_set(ts->s, creds->prio);
   if (r >= 0 && creds->x509) {
     r = gnutls_credentials_set(ts->s, GNUTLS_CRD_CERTIFICATE, creds->x509);
+    ts->x509 = true;
     if (creds->verify_peer) {
       gnutls_certificate_server_set_request(ts->s, GNUTLS_CERT_REQUIRE);
       gnutls_session_set_verify_cert(ts->s, NULL, 0);

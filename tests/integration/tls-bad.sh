@@ -4,8 +4,8 @@
 # serving good clients. Cases: wrong PSK, unknown PSK user, wrong CA,
 # expired and self-signed server certificates, missing, foreign and expired
 # client certificates with --tls-verify-peer, a plaintext client against
-# --tls=require, and garbage where the TLS handshake or a TLS record should
-# be.
+# --tls=require, garbage where the TLS handshake or a TLS record should
+# be, and a client hanging up on a server of PSK alone.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/tls-pki.inc"
 
@@ -125,6 +125,31 @@ PY
     note "ok: TLS garbage ($kind): $new"
 done
 good_client "nbds://$H/?tls-certificates=$TMP/good"
+serve_stop
+
+# ---- PSK alone: a client that hangs up in the TLS handshake is not
+# asked about a certificate the server never showed ----
+serve_tcp --tls=require --tls-psk "$TMP/keys.psk" "$TMP/disk.img"
+before=$(wc -l <"$SERVER_LOG")
+python3 - "$REPO_DIR/tests/hostile/lib" "$PORT" <<'PY' || fail "raw hang-up client failed"
+import socket, struct, sys
+sys.path.insert(0, sys.argv[1])
+from rawnbd import *  # noqa
+s = socket.create_connection(("127.0.0.1", int(sys.argv[2])), timeout=10)
+assert s.recv(18, socket.MSG_WAITALL)[:8] == b"NBDMAGIC"
+s.sendall(struct.pack(">I", 1) + opt_bytes(OPT_STARTTLS))
+r = s.recv(20, socket.MSG_WAITALL)
+assert struct.unpack(">QIII", r)[2] == REP_ACK, r
+s.close()  # no ClientHello at all
+PY
+wait_for test "$(wc -l <"$SERVER_LOG")" -gt "$before"
+sleep 0.3
+new=$(tail -n +"$((before + 1))" "$SERVER_LOG")
+[ "$(wc -l <<<"$new")" = 1 ] && grep -q "hung up" <<<"$new" &&
+    ! grep -q "certificate" <<<"$new" ||
+    fail "PSK server, client hung up: $new"
+note "ok: PSK server, client hung up: $new"
+good_client "nbds://alice@127.0.0.1:$PORT/?tls-psk-file=$TMP/keys.psk"
 serve_stop
 
 # ---- bad server certificates: the client refuses them ----
