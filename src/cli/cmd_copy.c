@@ -183,6 +183,11 @@ copy_parse(int argc, char **argv, struct copy_args *a)
   }
   a->src = argv[optind];
   a->dst = argv[optind + 1];
+  if (a->o.allocated && a->o.dst_is_zero) {
+    log_error("--allocated writes every zero range and "
+              "--destination-is-zero skips them: use one or the other");
+    return 2;
+  }
   if (a->json && strcmp(a->dst, "-") == 0) {
     /* The image goes to stdout; a report after it would corrupt it. */
     log_error("--json writes its report to stdout, where DESTINATION '-' "

@@ -61,6 +61,8 @@ refused 2 "copy: no DESTINATION given after '$TMP/src.img'" \
     copy "$TMP/src.img"
 refused 2 "copy: no SOURCE or DESTINATION given" copy
 refused 2 "('c' is extra)" copy a b c
+refused 2 "--allocated writes every zero range and --destination-is-zero" \
+    copy --allocated --destination-is-zero "$TMP/src.img" "$TMP/o.img"
 refused 2 "info: no TARGET given" info
 refused 2 "sum: one SRC only" sum a b
 refused 2 "serve: no export given" serve
