@@ -284,6 +284,20 @@ info_print_head(FILE *out, const struct client_conn *c, bool json)
   fprintf(out, "\"exports\": [\n");
 }
 
+/* "export-size: N", and the size in its largest whole unit when it has
+ * one ("(64M)"), as nbdinfo prints it; a file's size and an export's
+ * alike. */
+static void
+info_text_size(FILE *out, uint64_t size)
+{
+  char sz[32];
+  size_format_exact(size, sz, sizeof sz);
+  fprintf(out, "\texport-size: %llu", (unsigned long long)size);
+  if (size >= 1024 && size % 1024 == 0)
+    fprintf(out, " (%s)", sz);
+  fputc('\n', out);
+}
+
 static void
 info_print_tail(FILE *out, bool json)
 {
@@ -320,8 +334,7 @@ info_print_export(FILE *out, const struct client_conn *c, const char *uri,
       info_text_str(out, in->description);
       fputc('\n', out);
     }
-    fprintf(out, "\texport-size: %llu (%s)\n",
-            (unsigned long long)in->size, sz);
+    info_text_size(out, in->size);
     fprintf(out, "\turi: ");
     info_text_str(out, uri);
     fputc('\n', out);
@@ -525,9 +538,10 @@ info_file(const struct info_args *a)
             ",\n\t\"export-size\": %llu,\n\t\"export-size-str\": \"%s\"\n\t} "
             "]\n}\n",
             (unsigned long long)size, size_format_exact(size, sz, sizeof sz));
-  } else
-    fprintf(a->out, "file: %s\n\texport-size: %llu (%s)\n", a->target,
-            (unsigned long long)size, size_format(size, sz, sizeof sz));
+  } else {
+    fprintf(a->out, "file: %s\n", a->target);
+    info_text_size(a->out, size);
+  }
   close(fd);
   return r < 0 ? 1 : 0;
 }

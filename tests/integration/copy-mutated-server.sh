@@ -88,7 +88,7 @@ check_run () {
         info)
             has_cntrl "$d/out" &&
                 { echo "raw control character in info"; return 1; }
-            grep -q "export-size: $size " "$d/out" ||
+            grep -Eq "export-size: $size( |$)" "$d/out" ||
                 { echo "exit 0, info does not say size $size"; return 1; }
             ;;
     esac

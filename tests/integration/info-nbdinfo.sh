@@ -39,7 +39,15 @@ assert not bad, bad
 assert len(keys) > 8
 PY
     note "ok: $s: size and flags agree with nbdinfo"
+    # The text form's size line too (o's size is no whole unit).
+    theirs=$(nbdinfo "$uri" | grep "export-size:")
+    [ "$("$NBDFLOW" info "$uri" | grep "export-size:")" = "$theirs" ] ||
+        fail "$s: export-size line differs from nbdinfo's: $theirs"
 done
+# A local file's size is written the same way.
+[ "$("$NBDFLOW" info "$TMP/q.img" | grep "export-size:")" = \
+  "$(nbdinfo "nbd+unix:///?socket=$TMP/q.sock" | grep "export-size:")" ] ||
+    fail "a file's export-size line differs from the export's"
 # --list asks for the list on a connection of its own, ended with
 # NBD_OPT_ABORT before the export's own connection opens: it works without
 # a default export, and does not wait on a server of one client at a time.
