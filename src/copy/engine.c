@@ -785,6 +785,8 @@ eng_issue_one(struct engine *e)
 
 /* ---- progress ---- */
 
+#define ENG_PROGRESS_LOG_US 10000000 /* a progress line in a log: 10 s */
+
 static void
 eng_progress(struct engine *e, bool final)
 {
@@ -804,20 +806,26 @@ eng_progress(struct engine *e, bool final)
             (unsigned long long)total,
             total ? 100.0 * (double)st->done / (double)total : 100.0, secs,
             mibs, (unsigned long long)e->inflight);
-  } else if (e->o->progress == COPY_PROGRESS_BAR && e->tty) {
-    if (!final && now - e->t_last_print_us < 200000)
+  } else if (e->o->progress == COPY_PROGRESS_BAR) {
+    /* On a terminal a bar redrawn in place; in a log (no terminal) a
+     * line every ENG_PROGRESS_LOG_US and one at the end. */
+    if (!final && now - e->t_last_print_us <
+                      (e->tty ? 200000 : ENG_PROGRESS_LOG_US))
       return;
     char a[32], b[32];
     double frac = total ? (double)st->done / (double)total : 0;
     int fill = (int)(frac * 30);
     double eta = mibs > 0 && total ? (double)(total - st->done) / 1048576.0 / mibs : 0;
-    fprintf(stderr, "\r%s [%-30.*s] %5.1f%% %s / %s %.0f MiB/s ETA %d:%02d ",
-            e->o->label, fill, "##############################",
+    if (e->tty)
+      fprintf(stderr, "\r%s [%-30.*s] ", e->o->label, fill,
+              "##############################");
+    else
+      fprintf(stderr, "%s: ", e->o->label);
+    fprintf(stderr, "%5.1f%% %s / %s %.0f MiB/s ETA %d:%02d",
             100.0 * frac, size_format(st->done, a, sizeof a),
             size_format(total, b, sizeof b), mibs, (int)eta / 60,
             (int)eta % 60);
-    if (final)
-      fputc('\n', stderr);
+    fputc(final || !e->tty ? '\n' : ' ', stderr);
   }
   e->t_last_print_us = now;
 }

@@ -2,7 +2,8 @@
 # copy-progress.sh: --progress=json counts completed bytes only. It never
 # decreases, never exceeds the total, ends at exactly 100%, and when the
 # server dies mid-copy its last figure is no more than the bytes that had
-# actually landed in the server's file.
+# actually landed in the server's file. --progress without a terminal
+# writes plain lines.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need nbdkit
@@ -31,6 +32,17 @@ assert lines[-1]["percent"] == 100.0, lines[-1]
 assert all(l["percent"] < 100.0 for l in lines[:-1]), "100% before the end"
 PY
 note "ok: progress monotonic, ends at exactly 100%"
+
+# --progress without a terminal: plain lines (no carriage returns, no
+# bar), the last one at 100%.
+"$NBDFLOW" copy --progress "$TMP/src.img" \
+    "nbd+unix:///?socket=$TMP/a.sock" 2>"$TMP/plain" ||
+    fail "copy with --progress into a log: $(cat "$TMP/plain")"
+same "$TMP/src.img" "$TMP/dst.img"
+! grep -q $'\r' "$TMP/plain" || fail "--progress wrote a bar into a log"
+grep -Eq '^copy: +100\.0% 32\.0 MiB / 32\.0 MiB ' <<<"$(tail -n 1 "$TMP/plain")" ||
+    fail "--progress into a log: $(cat "$TMP/plain")"
+note "ok: --progress into a log: $(tail -n 1 "$TMP/plain")"
 
 # Kill the server mid-copy; compare the last progress figure with what
 # landed (the destination starts as zeroes, the source is random).
