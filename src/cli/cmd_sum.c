@@ -57,8 +57,11 @@ cmd_sum(int argc, char **argv)
       }
       break;
     case 'p':
-      o.progress = optarg && strcmp(optarg, "json") == 0 ? COPY_PROGRESS_JSON
-                                                          : COPY_PROGRESS_BAR;
+      if (optarg != NULL && strcmp(optarg, "json") != 0) {
+        log_error("--progress: expected nothing or =json, not '%s'", optarg);
+        return 2;
+      }
+      o.progress = optarg ? COPY_PROGRESS_JSON : COPY_PROGRESS_BAR;
       break;
     case 'c':
       if (size_parse(optarg, &v) < 0 || v == 0 || v > 64) {

@@ -63,6 +63,8 @@ refused 2 "copy: no SOURCE or DESTINATION given" copy
 refused 2 "('c' is extra)" copy a b c
 refused 2 "--allocated writes every zero range and --destination-is-zero" \
     copy --allocated --destination-is-zero "$TMP/src.img" "$TMP/o.img"
+refused 2 "--progress: expected nothing or =json, not 'jsn'" \
+    sum --progress=jsn "$TMP/src.img"
 refused 2 "info: no TARGET given" info
 refused 2 "sum: one SRC only" sum a b
 refused 2 "serve: no export given" serve
