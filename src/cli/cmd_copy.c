@@ -32,7 +32,7 @@ copy_usage(FILE *f)
     "nbd+unix:///NAME?socket=PATH), '-' for stdin/stdout, null: (DST only),\n"
     "or a generated SRC: pattern:SIZE, random:SIZE[:SEED], zero:SIZE,\n"
     "sparse:SIZE[:PERIOD[:DATA]].\n\n"
-    "  --connections N        NBD connections per endpoint (default: %d when\n"
+    "  -C, --connections N    NBD connections per endpoint (default: %d when\n"
     "                         the server advertises multi-conn, over TCP\n"
     "                         growing to %d while the window needs them;\n"
     "                         else 1)\n"
@@ -41,6 +41,7 @@ copy_usage(FILE *f)
     "                         bandwidth x RTT, at least 8 requests, cap 256M)\n"
     "  --allocated            write every byte, zeroes included\n"
     "  --destination-is-zero  skip zero ranges: DST already reads as zeroes\n"
+    "                         (also --target-is-zero)\n"
     "  --no-flush             do not flush DST at the end\n"
     "  --no-zero-copy         read data into buffers even where the kernel\n"
     "                         could send it from the file (sendfile)\n"
@@ -49,7 +50,7 @@ copy_usage(FILE *f)
     "                         requests in flight for this long (default %d,\n"
     "                         0: wait forever); connecting and the\n"
     "                         handshake wait at most this, and 30 s at most\n"
-    "  --progress[=json]      a bar on a terminal (lines in a log), or JSON\n"
+    "  -p, --progress[=json]  a bar on a terminal (lines in a log), or JSON\n"
     "                         lines\n"
     "  --json                 final report as JSON on stdout\n"
     "\nDiagnostic options (reproduce stock clients; slow on purpose):\n"
@@ -82,6 +83,7 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     { "inflight", required_argument, NULL, 'i' },
     { "allocated", no_argument, NULL, 'a' },
     { "destination-is-zero", no_argument, NULL, 'z' },
+    { "target-is-zero", no_argument, NULL, 'z' }, /* nbdcopy's alias */
     { "no-flush", no_argument, NULL, 'F' },
     { "no-zero-copy", no_argument, NULL, 'Z' },
     { "verify", no_argument, NULL, 'V' },
@@ -97,8 +99,10 @@ copy_parse(int argc, char **argv, struct copy_args *a)
   int ch;
   uint64_t v;
   optind = 1;
-  while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+  /* -C and -p as nbdcopy spells them. */
+  while ((ch = getopt_long(argc, argv, "hC:p", longopts, NULL)) != -1) {
     switch (ch) {
+    case 'C':
     case 'c':
       if (size_parse(optarg, &v) < 0 || v == 0 || v > 64) {
         log_error("--connections: 1 to 64, not '%s'", optarg);

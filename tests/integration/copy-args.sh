@@ -76,6 +76,13 @@ rc=0
     grep -q "unrecognized option '--frob'" "$TMP/err" &&
     grep -qx "Try 'nbdflow copy --help'." "$TMP/err" ||
     fail "copy --frob: exit $rc: $(cat "$TMP/err")"
+# nbdcopy's spellings: -C N, -p, --target-is-zero.
+rm -f "$TMP/alias.img"
+"$NBDFLOW" copy -C 2 -p --target-is-zero "$TMP/src.img" "$TMP/alias.img" \
+    2>"$TMP/err" || fail "copy with nbdcopy's option names: $(cat "$TMP/err")"
+cmp "$TMP/src.img" "$TMP/alias.img" || fail "copy with -C -p: differs"
+grep -q "^copy: 100.0%" "$TMP/err" || fail "-p printed no progress"
+
 # Output that cannot be written (a full disk) fails, with one line.
 for args in "--version" "copy --help" "sum $TMP/src.img" \
             "copy --json $TMP/src.img null:" "info --json $TMP/src.img"; do
