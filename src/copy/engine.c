@@ -123,6 +123,7 @@ struct engine {
   uint64_t t_ext_us, t_flush_us; /* submission of ext_op, flush_op */
   uint64_t t_last_watch_us;
   bool abandoned;         /* stopped waiting for a silent endpoint */
+  uint64_t t_signal_us;   /* when a signal abandoned the run, else 0 */
 };
 
 static uint64_t
@@ -1157,24 +1158,39 @@ copy_signal(void)
   return eng_signal;
 }
 
+#define ENG_SIGNAL_GRACE_US 1000000
+
 /* A signal stops the run at the next tick: the pieces in flight are
  * abandoned (a stuck server must not keep the user waiting), and the
- * error says how far it got. A second signal finds the default action
- * back (SA_RESETHAND) and ends the process at once. */
+ * error says how far it got. Local work (a file on a hung mount, a pipe
+ * nobody reads) cannot be abandoned: when it still holds the run a
+ * second later, the process ends here with the same line. A second
+ * signal finds the default action back (SA_RESETHAND) and ends it at
+ * once. */
 static void
 eng_check_signal(struct engine *e)
 {
   int sig = eng_signal;
-  if (sig == 0 || e->finished || e->abandoned)
+  if (sig == 0 || e->finished)
     return;
+  if (e->t_signal_us != 0) {
+    if (loop_now_us() - e->t_signal_us < ENG_SIGNAL_GRACE_US)
+      return;
+    log_error("%s", e->err);
+    _exit(128 + sig);
+  }
   if (!e->failed) {
     e->failed = EINTR;
-    snprintf(e->err, e->errlen, "interrupted by %s after %llu of %llu "
-             "bytes%s", sig == SIGINT ? "SIGINT" : "SIGTERM",
-             (unsigned long long)e->st->done,
-             (unsigned long long)e->st->total,
-             e->dst ? ": the destination is incomplete" : "");
+    bool partial = e->dst && strcmp(e->dst->ops->kind, "null") != 0;
+    char of[40] = "";
+    if (e->size != UINT64_MAX)
+      snprintf(of, sizeof of, " of %llu", (unsigned long long)e->size);
+    snprintf(e->err, e->errlen, "interrupted by %s after %llu%s bytes%s",
+             sig == SIGINT ? "SIGINT" : "SIGTERM",
+             (unsigned long long)e->st->done, of,
+             partial ? ": the destination is incomplete" : "");
   }
+  e->t_signal_us = loop_now_us();
   e->abandoned = true;
   eng_check_finish(e);
 }
@@ -1364,8 +1380,14 @@ copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
   struct sigaction old_int, old_term;
   sigemptyset(&sa.sa_mask);
   eng_signal = 0;
-  sigaction(SIGINT, &sa, &old_int);
-  sigaction(SIGTERM, &sa, &old_term);
+  /* A signal ignored when we started (a background job of a script)
+   * stays ignored. */
+  sigaction(SIGINT, NULL, &old_int);
+  sigaction(SIGTERM, NULL, &old_term);
+  if (old_int.sa_handler != SIG_IGN)
+    sigaction(SIGINT, &sa, NULL);
+  if (old_term.sa_handler != SIG_IGN)
+    sigaction(SIGTERM, &sa, NULL);
   loop_set_tick(env->loop, 200, eng_tick, e);
   eng_pump(e);
   if (!e->finished)
