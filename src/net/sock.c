@@ -112,14 +112,19 @@ sock_listen_unix(const char *path)
   if (lstat(path, &st) == 0) {
     if (!S_ISSOCK(st.st_mode))
       return -EEXIST;
-    int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    /* Non-blocking: a live server whose accept queue is full answers
+     * EAGAIN instead of holding us up. */
+    int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                       0);
     if (probe < 0)
       return -errno;
     r = connect(probe, (struct sockaddr *)&sun, len);
     int err = errno;
     close(probe);
-    if (r == 0 || err != ECONNREFUSED)
-      return r == 0 ? -EADDRINUSE : -err;
+    if (r == 0 || err == EAGAIN || err == EINPROGRESS)
+      return -EADDRINUSE;
+    if (err != ECONNREFUSED)
+      return -err;
     unlink(path);
   }
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);

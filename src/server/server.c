@@ -14,6 +14,7 @@
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "net/sock.h"
@@ -816,6 +817,19 @@ sloop_tick(struct loop *l, void *arg)
   }
 }
 
+/* Removes our Unix socket's file, once, and only while it is still ours:
+ * a successor that bound the path after our listeners closed keeps its
+ * socket. */
+static void
+server_unlink_unix(struct server *s)
+{
+  struct stat st;
+  if (s->bound_unix && lstat(s->cfg.unix_path, &st) == 0 &&
+      st.st_dev == s->unix_dev && st.st_ino == s->unix_ino)
+    unlink(s->cfg.unix_path);
+  s->bound_unix = false;
+}
+
 static void
 server_on_signal(struct loop *l, int fd, uint32_t events, void *arg)
 {
@@ -837,6 +851,7 @@ server_on_signal(struct loop *l, int fd, uint32_t events, void *arg)
     close(s->listen_fds[i]);
   }
   s->nlisten = 0;
+  server_unlink_unix(s); /* the path is free for a successor now */
   __atomic_store_n(&s->stop_deadline_ms, loop_now_ms() + SERVER_STOP_GRACE_MS,
                    __ATOMIC_RELEASE);
   /* Each loop drains its own connections, from its tick. */
@@ -879,7 +894,12 @@ server_listen(struct server *s)
       return fd;
     }
     s->listen_fds[s->nlisten++] = fd;
-    s->bound_unix = true;
+    struct stat st;
+    if (lstat(s->cfg.unix_path, &st) == 0) {
+      s->bound_unix = true;
+      s->unix_dev = st.st_dev;
+      s->unix_ino = st.st_ino;
+    }
     log_info("listening on unix socket %s", s->cfg.unix_path);
     return 0;
   }
@@ -1034,8 +1054,7 @@ server_cleanup(struct server *s)
   workq_free(s->workq); /* finishes queued requests first */
   for (int i = 0; i < s->nlisten; i++)
     close(s->listen_fds[i]);
-  if (s->bound_unix)
-    unlink(s->cfg.unix_path);
+  server_unlink_unix(s);
   if (s->wrote_pidfile)
     unlink(s->cfg.pidfile);
   for (int i = 0; i < s->nexports; i++)

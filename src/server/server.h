@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <sys/uio.h>
 
 #include "net/loop.h"
@@ -125,7 +126,9 @@ struct server {
   bool warned_sndbuf;     /* atomic: the clipped-SO_SNDBUF warning was given */
   struct tls_creds *tls; /* NULL when cfg.tls_mode is TLS_OFF */
   bool wrote_pidfile;    /* cfg.pidfile is ours to remove at exit */
-  bool bound_unix;       /* cfg.unix_path is ours to remove at exit */
+  bool bound_unix;       /* cfg.unix_path is ours to remove at exit... */
+  dev_t unix_dev;        /* ...while it is still the socket we bound */
+  ino_t unix_ino;
   /* Atomic: shutting down until then; 0 while serving. */
   uint64_t stop_deadline_ms;
 

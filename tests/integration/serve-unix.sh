@@ -94,6 +94,27 @@ done
 [ "$(nbdinfo --size "nbd+unix:///?socket=$TMP/one.sock")" = $((1 << 20)) ] ||
     fail "the first server lost its socket to the second"
 serve_stop
+# A live server whose accept queue is full is still live: refused at
+# once, not waited for.
+python3 "$(dirname "$0")/fullqueue.py" "$TMP/full.sock" "$TMP/full.port" \
+    >>"$TMP/fullqueue.log" 2>&1 &
+SERVER_PIDS+=($!)
+wait_for test -s "$TMP/full.port"
+rc=0
+timeout 20 "$NBDFLOW" serve --unix "$TMP/full.sock" memory:1M \
+    2>"$TMP/two.err" || rc=$?
+[ "$rc" = 1 ] && grep -q "Address already in use" "$TMP/two.err" ||
+    fail "serve on a busy server's socket: exit $rc: $(cat "$TMP/two.err")"
+# A server removes its socket at exit only while it is still its own: a
+# successor that took the path over keeps it.
+serve_start --unix "$TMP/succ.sock" memory:1M
+first=$SERVER_PID
+rm "$TMP/succ.sock"
+serve_start --unix "$TMP/succ.sock" memory:2M
+serve_stop "$first"
+[ "$(nbdinfo --size "nbd+unix:///?socket=$TMP/succ.sock")" = $((2 << 20)) ] ||
+    fail "a stopping server removed its successor's socket"
+serve_stop
 python3 -c 'import socket, sys
 socket.socket(socket.AF_UNIX).bind(sys.argv[1])' "$TMP/stale.sock"
 [ -S "$TMP/stale.sock" ] || fail "no stale socket to test with"
