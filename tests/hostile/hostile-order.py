@@ -9,13 +9,19 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
 from rawnbd import *  # noqa: E402,F401,F403
 
 
+def structured_conn(server):
+    """A connection in option haggling with structured replies agreed."""
+    c = Conn(server)
+    c.greeting()
+    expect_rep(c.structured_reply(), REP_ACK, "STRUCTURED_REPLY")
+    return c
+
+
 def meta_unknown_export(server):
     # SET_META_CONTEXT naming an unknown export: error or empty answer,
     # and then BLOCK_STATUS on the export opened by GO is refused.
     # (nbdkit's memory plugin serves every name: not checked there.)
-    c = Conn(server)
-    c.greeting()
-    expect_rep(c.structured_reply(), REP_ACK, "STRUCTURED_REPLY")
+    c = structured_conn(server)
     t, replies = c.option(OPT_SET_META_CONTEXT,
                           meta_data(b"nope", ["base:allocation"]))
     expect(t & REP_FLAG_ERROR or
@@ -33,9 +39,7 @@ def meta_set_fails(server):
     # A SET_META_CONTEXT that fails still replaces the earlier selection
     # (§NBD_OPT_SET_META_CONTEXT: "including when this command fails"),
     # here refused for its size: BLOCK_STATUS after GO gets EINVAL.
-    c = Conn(server)
-    c.greeting()
-    expect_rep(c.structured_reply(), REP_ACK, "STRUCTURED_REPLY")
+    c = structured_conn(server)
     t, _ = c.option(OPT_SET_META_CONTEXT,
                     meta_data(b"", ["base:allocation"]))
     expect_rep(t, REP_ACK, "first SET_META_CONTEXT")
