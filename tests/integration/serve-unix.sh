@@ -101,7 +101,7 @@ python3 "$(dirname "$0")/fullqueue.py" "$TMP/full.sock" "$TMP/full.port" \
 SERVER_PIDS+=($!)
 wait_for test -s "$TMP/full.port"
 rc=0
-timeout 20 "$NBDFLOW" serve --unix "$TMP/full.sock" memory:1M \
+timeout -k 5 20 "$NBDFLOW" serve --unix "$TMP/full.sock" memory:1M \
     2>"$TMP/two.err" || rc=$?
 [ "$rc" = 1 ] && grep -q "Address already in use" "$TMP/two.err" ||
     fail "serve on a busy server's socket: exit $rc: $(cat "$TMP/two.err")"
