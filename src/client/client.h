@@ -214,6 +214,10 @@ int client_connect(struct client_conn *c, const struct nbd_uri *u,
  * frees everything. In-flight requests are not called back. */
 void client_close(struct client_conn *c);
 
+/* Ends the transport (TLS close_notify, shutdown(2)) and closes the
+ * socket, sending nothing; what the handshake learnt stays. */
+void client_drop_socket(struct client_conn *c);
+
 /* Queues a request and tries to send it now. Returns 0, or -errno when the
  * request is invalid for this export (nothing is queued then) or the
  * connection is dead. */

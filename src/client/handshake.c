@@ -615,10 +615,7 @@ client_connect(struct client_conn *c, const struct nbd_uri *u,
     /* Nothing was selected: the socket goes, what was learnt stays. */
     if (o->on_socket)
       o->on_socket(o->on_socket_arg, -1);
-    c->tp.ops->shutdown(&c->tp);
-    c->tp.ops->free(&c->tp);
-    close(c->fd);
-    c->fd = -1;
+    client_drop_socket(c);
     return 0;
   }
   if (r == 0 && (r = sock_set_nonblock(c->fd, true)) < 0)

@@ -864,21 +864,28 @@ client_run(struct client_conn *c, struct client_req *r, int timeout_ms)
 }
 
 void
+client_drop_socket(struct client_conn *c)
+{
+  if (c->fd < 0)
+    return;
+  if (c->tp.ops) {
+    c->tp.ops->shutdown(&c->tp);
+    c->tp.ops->free(&c->tp);
+  }
+  close(c->fd);
+  c->fd = -1;
+}
+
+void
 client_close(struct client_conn *c)
 {
-  if (c->fd >= 0) {
-    if (!c->fatal && c->inflight == 0 && c->info.protocol) {
-      uint8_t hdr[NBD_EXTENDED_REQUEST_LEN];
-      struct wire_request w = { .type = NBD_CMD_DISC };
-      size_t len = wire_encode_request(hdr, c->info.extended, &w);
-      transport_send_buf(&c->tp, hdr, len, 0, 1000);
-    }
-    if (c->tp.ops) {
-      c->tp.ops->shutdown(&c->tp);
-      c->tp.ops->free(&c->tp);
-    }
-    close(c->fd);
+  if (c->fd >= 0 && !c->fatal && c->inflight == 0 && c->info.protocol) {
+    uint8_t hdr[NBD_EXTENDED_REQUEST_LEN];
+    struct wire_request w = { .type = NBD_CMD_DISC };
+    size_t len = wire_encode_request(hdr, c->info.extended, &w);
+    transport_send_buf(&c->tp, hdr, len, 0, 1000);
   }
+  client_drop_socket(c);
   for (size_t i = 0; i < c->info.nexports; i++)
     free(c->info.exports[i]);
   free(c->info.exports);
