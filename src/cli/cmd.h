@@ -5,6 +5,8 @@
 
 #include <stdio.h>
 
+#include "util/log.h"
+
 int cmd_serve(int argc, char **argv);
 int cmd_copy(int argc, char **argv);
 int cmd_info(int argc, char **argv);
@@ -16,6 +18,15 @@ static inline int
 cmd_usage_hint(const char *cmd)
 {
   fprintf(stderr, "Try 'nbdflow %s --help'.\n", cmd);
+  return 2;
+}
+
+/* A usage error in one line, what is wrong and where the help is; the
+ * exit status of a usage error. */
+static inline int
+cmd_usage_error(const char *cmd, const char *what)
+{
+  log_error("%s: %s (see 'nbdflow %s --help')", cmd, what, cmd);
   return 2;
 }
 

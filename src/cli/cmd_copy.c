@@ -175,16 +175,16 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     }
   }
   if (optind != argc - 2) {
+    char what[256];
     if (optind == argc)
-      log_error("copy: no SOURCE or DESTINATION given (see 'nbdflow copy "
-                "--help')");
+      snprintf(what, sizeof what, "no SOURCE or DESTINATION given");
     else if (optind == argc - 1)
-      log_error("copy: no DESTINATION given after '%s' (see 'nbdflow copy "
-                "--help')", argv[optind]);
+      snprintf(what, sizeof what, "no DESTINATION given after '%s'",
+               argv[optind]);
     else
-      log_error("copy: one SOURCE and one DESTINATION, not %d names "
-                "('%s' is extra)", argc - optind, argv[optind + 2]);
-    return 2;
+      snprintf(what, sizeof what, "one SOURCE and one DESTINATION, not %d "
+               "names ('%s' is extra)", argc - optind, argv[optind + 2]);
+    return cmd_usage_error("copy", what);
   }
   a->src = argv[optind];
   a->dst = argv[optind + 1];

@@ -648,11 +648,9 @@ cmd_info(int argc, char **argv)
       return cmd_usage_hint("info");
     }
   }
-  if (optind != argc - 1) {
-    log_error("info: %s (see 'nbdflow info --help')",
-              optind == argc ? "no TARGET given" : "one TARGET only");
-    return 2;
-  }
+  if (optind != argc - 1)
+    return cmd_usage_error("info", optind == argc ? "no TARGET given"
+                                                  : "one TARGET only");
   a.target = argv[optind];
   if (a.list && a.map) {
     log_error("--list and --map do not go together: --map shows one "

@@ -213,10 +213,8 @@ cmd_serve(int argc, char **argv)
     if (r < 0)
       return 2;
   }
-  if (optind >= argc) {
-    log_error("serve: no export given (see 'nbdflow serve --help')");
-    return 2;
-  }
+  if (optind >= argc)
+    return cmd_usage_error("serve", "no export given");
   if (cfg.listen && cfg.unix_path) {
     fprintf(stderr, "nbdflow serve: --listen and --unix exclude each other\n");
     return 2;

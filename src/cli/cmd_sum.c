@@ -81,11 +81,9 @@ cmd_sum(int argc, char **argv)
       return cmd_usage_hint("sum");
     }
   }
-  if (optind != argc - 1) {
-    log_error("sum: %s (see 'nbdflow sum --help')",
-              optind == argc ? "no SRC given" : "one SRC only");
-    return 2;
-  }
+  if (optind != argc - 1)
+    return cmd_usage_error("sum", optind == argc ? "no SRC given"
+                                                 : "one SRC only");
   const char *spec = argv[optind];
   int rc = 1;
   char err[512];
