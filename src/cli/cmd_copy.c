@@ -2,7 +2,9 @@
  * runs the engine, optionally verifies by reading the destination back
  * over fresh connections, and reports. */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +22,7 @@ struct copy_args {
   unsigned connections;
   bool verify, json;
   bool nagle, split_writes; /* diagnostics, for every NBD endpoint */
+  bool synchronous;
   struct copy_opts o;
 };
 
@@ -42,7 +45,12 @@ copy_usage(FILE *f)
     "  --allocated            write every byte, zeroes included\n"
     "  --destination-is-zero  skip zero ranges: DST already reads as zeroes\n"
     "                         (also --target-is-zero)\n"
-    "  --no-flush             do not flush DST at the end\n"
+    "  --no-flush             do not flush DST at the end (--flush: the\n"
+    "                         default)\n"
+    "  --no-extents           read all of SRC, ignoring what it reports as\n"
+    "                         holes (zeroes are still detected)\n"
+    "  -S, --sparse 0         write data as read: no zero detection (any\n"
+    "                         other size leaves detection on)\n"
     "  --no-zero-copy         read data into buffers even where the kernel\n"
     "                         could send it from the file (sendfile)\n"
     "  --verify               hash SRC while copying, read DST back, compare\n"
@@ -51,7 +59,10 @@ copy_usage(FILE *f)
     "                         0: wait forever); connecting and the\n"
     "                         handshake wait at most this, and 30 s at most\n"
     "  -p, --progress[=json]  a bar on a terminal (lines in a log), or JSON\n"
-    "                         lines\n"
+    "                         lines; --progress=FD writes \"N/100\" lines to\n"
+    "                         file descriptor FD, as nbdcopy does\n"
+    "  --synchronous          one request at a time on one connection\n"
+    "  -T, --threads N        accepted for nbdcopy command lines; no effect\n"
     "  --json                 final report as JSON on stdout\n"
     "\nDiagnostic options (reproduce stock clients; slow on purpose):\n"
     "  --nagle                leave Nagle's algorithm on (no TCP_NODELAY)\n"
@@ -74,43 +85,88 @@ copy_parse_size(const char *opt, const char *v, uint64_t *out)
   return 0;
 }
 
+/* getopt codes of the options that have no short form. */
+enum {
+  OPT_CONNECTIONS = 256, OPT_REQUEST_SIZE, OPT_INFLIGHT, OPT_ALLOCATED,
+  OPT_DST_IS_ZERO, OPT_FLUSH, OPT_NO_FLUSH, OPT_NO_EXTENTS, OPT_NO_ZERO_COPY,
+  OPT_VERIFY, OPT_TIMEOUT, OPT_JSON, OPT_NAGLE, OPT_MAX_REQUESTS,
+  OPT_SPLIT_WRITES, OPT_SYNCHRONOUS,
+};
+
+/* --progress: nothing (a bar), "json", or nbdcopy's file descriptor. */
+static int
+copy_parse_progress(const char *v, struct copy_opts *o)
+{
+  char *end;
+  long fd;
+  if (v == NULL) {
+    o->progress = COPY_PROGRESS_BAR;
+    return 0;
+  }
+  if (strcmp(v, "json") == 0) {
+    o->progress = COPY_PROGRESS_JSON;
+    return 0;
+  }
+  errno = 0;
+  fd = strtol(v, &end, 10);
+  if (errno || end == v || *end != '\0' || fd < 0 || fd > INT_MAX) {
+    log_error("--progress: expected nothing, =json or =FD (a file "
+              "descriptor number), not '%s'", v);
+    return -1;
+  }
+  if (fcntl((int)fd, F_GETFL) < 0 || fd <= STDIN_FILENO) {
+    log_error("--progress=%ld: %s", fd,
+              fd <= STDIN_FILENO ? "not a descriptor to write to"
+                                 : "no such open file descriptor");
+    return -1;
+  }
+  o->progress = COPY_PROGRESS_FD;
+  o->progress_fd = (int)fd;
+  return 0;
+}
+
 static int
 copy_parse(int argc, char **argv, struct copy_args *a)
 {
   static const struct option longopts[] = {
-    { "connections", required_argument, NULL, 'c' },
-    { "request-size", required_argument, NULL, 'r' },
-    { "inflight", required_argument, NULL, 'i' },
-    { "allocated", no_argument, NULL, 'a' },
-    { "destination-is-zero", no_argument, NULL, 'z' },
-    { "target-is-zero", no_argument, NULL, 'z' }, /* nbdcopy's alias */
-    { "no-flush", no_argument, NULL, 'F' },
-    { "no-zero-copy", no_argument, NULL, 'Z' },
-    { "verify", no_argument, NULL, 'V' },
-    { "timeout", required_argument, NULL, 'T' },
+    { "connections", required_argument, NULL, OPT_CONNECTIONS },
+    { "request-size", required_argument, NULL, OPT_REQUEST_SIZE },
+    { "inflight", required_argument, NULL, OPT_INFLIGHT },
+    { "allocated", no_argument, NULL, OPT_ALLOCATED },
+    { "destination-is-zero", no_argument, NULL, OPT_DST_IS_ZERO },
+    { "target-is-zero", no_argument, NULL, OPT_DST_IS_ZERO },
+    { "flush", no_argument, NULL, OPT_FLUSH },
+    { "no-flush", no_argument, NULL, OPT_NO_FLUSH },
+    { "no-extents", no_argument, NULL, OPT_NO_EXTENTS },
+    { "sparse", required_argument, NULL, 'S' },
+    { "no-zero-copy", no_argument, NULL, OPT_NO_ZERO_COPY },
+    { "verify", no_argument, NULL, OPT_VERIFY },
+    { "timeout", required_argument, NULL, OPT_TIMEOUT },
     { "progress", optional_argument, NULL, 'p' },
-    { "json", no_argument, NULL, 'j' },
-    { "nagle", no_argument, NULL, 'N' },
-    { "max-requests", required_argument, NULL, 'M' },
-    { "split-writes", no_argument, NULL, 'S' },
+    { "json", no_argument, NULL, OPT_JSON },
+    { "synchronous", no_argument, NULL, OPT_SYNCHRONOUS },
+    { "threads", required_argument, NULL, 'T' },
+    { "nagle", no_argument, NULL, OPT_NAGLE },
+    { "max-requests", required_argument, NULL, OPT_MAX_REQUESTS },
+    { "split-writes", no_argument, NULL, OPT_SPLIT_WRITES },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
   };
   int ch;
   uint64_t v;
   optind = 1;
-  /* -C and -p as nbdcopy spells them. */
-  while ((ch = getopt_long(argc, argv, "hC:p", longopts, NULL)) != -1) {
+  /* Short options as nbdcopy spells them. */
+  while ((ch = getopt_long(argc, argv, "hC:pS:T:", longopts, NULL)) != -1) {
     switch (ch) {
     case 'C':
-    case 'c':
+    case OPT_CONNECTIONS:
       if (size_parse(optarg, &v) < 0 || v == 0 || v > 64) {
         log_error("--connections: 1 to 64, not '%s'", optarg);
         return 2;
       }
       a->connections = (unsigned)v;
       break;
-    case 'r':
+    case OPT_REQUEST_SIZE:
       if (copy_parse_size("--request-size", optarg, &a->o.request_size) < 0)
         return 2;
       if (a->o.request_size > (32u << 20)) {
@@ -118,53 +174,74 @@ copy_parse(int argc, char **argv, struct copy_args *a)
         return 2;
       }
       break;
-    case 'i':
+    case OPT_INFLIGHT:
       if (copy_parse_size("--inflight", optarg, &a->o.inflight) < 0)
         return 2;
       break;
-    case 'a':
+    case OPT_ALLOCATED:
       a->o.allocated = true;
       break;
-    case 'z':
+    case OPT_DST_IS_ZERO:
       a->o.dst_is_zero = true;
       break;
-    case 'F':
+    case OPT_FLUSH: /* the default; nbdcopy's spelling */
+      a->o.no_flush = false;
+      break;
+    case OPT_NO_FLUSH:
       a->o.no_flush = true;
       break;
-    case 'Z':
+    case OPT_NO_EXTENTS:
+      a->o.no_extents = true;
+      break;
+    case 'S':
+      /* nbdcopy's zero detection block: 0 turns detection off; any other
+       * size leaves it on (we look at whole requests, and at 4 KiB blocks
+       * written into a new file). */
+      if (size_parse(optarg, &v) < 0) {
+        log_error("--sparse: bad size '%s'", optarg);
+        return 2;
+      }
+      a->o.no_zero_detect = v == 0;
+      break;
+    case OPT_NO_ZERO_COPY:
       a->o.no_zero_copy = true;
       break;
-    case 'V':
+    case OPT_VERIFY:
       a->verify = true;
       break;
-    case 'T':
+    case OPT_TIMEOUT:
       if (copy_timeout_parse(optarg, &a->o.timeout_s) < 0)
         return 2;
       break;
     case 'p':
-      if (optarg == NULL)
-        a->o.progress = COPY_PROGRESS_BAR;
-      else if (strcmp(optarg, "json") == 0)
-        a->o.progress = COPY_PROGRESS_JSON;
-      else {
-        log_error("--progress: expected nothing or =json, not '%s'", optarg);
+      if (copy_parse_progress(optarg, &a->o) < 0)
+        return 2;
+      break;
+    case OPT_JSON:
+      a->json = true;
+      break;
+    case OPT_SYNCHRONOUS:
+      a->synchronous = true;
+      break;
+    case 'T':
+      /* nbdcopy's thread count: one event loop does our copying, so the
+       * number is checked and has no effect. */
+      if (size_parse(optarg, &v) < 0 || v > 1024) {
+        log_error("--threads: 0 to 1024, not '%s'", optarg);
         return 2;
       }
       break;
-    case 'j':
-      a->json = true;
-      break;
-    case 'N':
+    case OPT_NAGLE:
       a->nagle = true;
       break;
-    case 'M':
+    case OPT_MAX_REQUESTS:
       if (size_parse(optarg, &v) < 0 || v == 0 || v > 65536) {
         log_error("--max-requests: 1 to 65536, not '%s'", optarg);
         return 2;
       }
       a->o.max_requests = (unsigned)v;
       break;
-    case 'S':
+    case OPT_SPLIT_WRITES:
       a->split_writes = true;
       break;
     case 'h':
@@ -173,6 +250,11 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     default:
       return cmd_usage_hint("copy");
     }
+  }
+  if (a->synchronous) {
+    /* nbdcopy's one request at a time, on one connection each side. */
+    a->o.max_requests = 1;
+    a->connections = 1;
   }
   if (optind != argc - 2) {
     char what[256];
@@ -191,6 +273,12 @@ copy_parse(int argc, char **argv, struct copy_args *a)
   if (a->o.allocated && a->o.dst_is_zero) {
     log_error("--allocated writes every zero range and "
               "--destination-is-zero skips them: use one or the other");
+    return 2;
+  }
+  if (a->o.progress == COPY_PROGRESS_FD && a->o.progress_fd == STDOUT_FILENO &&
+      strcmp(a->dst, "-") == 0) {
+    log_error("--progress=1 writes to stdout, where DESTINATION '-' writes "
+              "the image: use another descriptor");
     return 2;
   }
   if (a->json && strcmp(a->dst, "-") == 0) {
@@ -316,7 +404,9 @@ copy_verify(struct copy_args *a, const struct copy_chunks *want,
   struct copy_opts o = { .request_size = a->o.request_size,
                          .inflight = a->o.inflight, .max_bytes = size,
                          .timeout_s = a->o.timeout_s,
-                         .progress = a->o.progress, .label = "verify",
+                         .progress = a->o.progress == COPY_PROGRESS_FD
+                                     ? COPY_PROGRESS_NONE : a->o.progress,
+                         .label = "verify",
                          .chunks = &got };
   if (size == 0)
     o.max_bytes = 0;
@@ -372,6 +462,7 @@ cmd_copy(int argc, char **argv)
   }
   struct endpoint_opts dopt = {
     .write = true, .connections = a.connections, .allocated = a.o.allocated,
+    .dense = a.o.no_zero_detect,
     .nagle = a.nagle, .split_writes = a.split_writes,
     .timeout_s = a.o.timeout_s,
     .create_size = s.src->size_known ? s.src->size : UINT64_MAX,

@@ -27,6 +27,7 @@ static const uint8_t ep_zero_page[256 << 10];
 struct file_priv {
   int fd;
   bool fresh;          /* destination was empty: reads as zeroes */
+  bool dense;          /* -S 0: data is written whole even where fresh */
   bool is_pipe;
   pthread_mutex_t grow_lock; /* serialises ftruncate growth */
   /* A source's first extents, looked up on a worker from the moment it is
@@ -290,7 +291,7 @@ file_work(struct work *w)
     }
     break;
   case EP_WRITE:
-    if (p->fresh)
+    if (p->fresh && !p->dense)
       op->err = file_write_sparse(p->fd, op->buf, (size_t)op->length,
                                   op->offset);
     else
@@ -489,6 +490,7 @@ file_open(struct ep_env *env, const char *spec, const struct endpoint_opts *o,
       goto fail;
     }
     p->fresh = empty && !o->allocated;
+    p->dense = o->dense;
   } else if (o->write && !S_ISBLK(st.st_mode)) {
     r = ep_fail(err, errlen, -EINVAL, "%s: %s (not a file, device or '-')",
                 spec);

@@ -164,6 +164,8 @@ struct endpoint_opts {
   uint64_t create_size; /* file destination: size to give it;
                            UINT64_MAX when the source size is unknown */
   bool allocated;       /* file destination: write zero blocks too */
+  bool dense;           /* file destination: data pieces are written whole,
+                           zero blocks in them included */
   /* NBD, diagnostics (client_opts): Nagle on, header and payload in
    * separate writes. */
   bool nagle;

@@ -115,6 +115,7 @@ struct engine {
   bool tty;
   bool finished;
   bool stall_warned;    /* the --progress stall warning was given */
+  int fd_percent;       /* last "N/100" written for --progress=FD, or -1 */
   uint64_t t_last_tcp_us; /* last TCP_INFO sample */
 
   /* The no-reply watchdog; index 0 is the source, 1 the destination. */
@@ -606,7 +607,7 @@ eng_plan(struct engine *e, uint64_t *len, bool *zero)
   if (e->src_eof || (e->size != UINT64_MAX && e->pos >= e->size))
     return PLAN_DONE;
   *zero = false;
-  if (!e->src->has_extents) {
+  if (!e->src->has_extents || e->o->no_extents) {
     *len = eng_data_len(e, e->pos + eng_step(e));
     return PLAN_OK;
   }
@@ -796,7 +797,16 @@ eng_progress(struct engine *e, bool final)
   double secs = (double)(now - e->t_start_us) / 1e6;
   double mibs = secs > 0 ? (double)st->done / 1048576.0 / secs : 0;
   uint64_t total = e->size == UINT64_MAX ? 0 : e->size;
-  if (e->o->progress == COPY_PROGRESS_JSON) {
+  if (e->o->progress == COPY_PROGRESS_FD) {
+    /* nbdcopy's format: "N/100" whenever N moves, 100 only when done. */
+    int pct = final ? 100
+            : total ? (int)(st->done * 100 / total) : 0;
+    if (pct == 100 && !final)
+      pct = 99;
+    if (pct != e->fd_percent)
+      (void)dprintf(e->o->progress_fd, "%d/100\n", pct);
+    e->fd_percent = pct;
+  } else if (e->o->progress == COPY_PROGRESS_JSON) {
     if (!final && now - e->t_last_print_us < 1000000)
       return;
     fprintf(stderr,
@@ -1353,6 +1363,7 @@ copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
   if (o->max_bytes && (e->size == UINT64_MAX || e->size > o->max_bytes))
     e->size = o->max_bytes;
   e->tty = isatty(STDERR_FILENO);
+  e->fd_percent = -1;
   int r = eng_setup(e);
   if (r < 0) {
     snprintf(err, errlen, "out of memory");

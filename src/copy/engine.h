@@ -41,8 +41,9 @@
 #define COPY_DEFAULT_TIMEOUT 60
 #define COPY_MAX_TIMEOUT 1000000
 
+/* FD: nbdcopy's --progress=FD, "N/100" lines on copy_opts.progress_fd. */
 enum copy_progress { COPY_PROGRESS_NONE, COPY_PROGRESS_BAR,
-                     COPY_PROGRESS_JSON };
+                     COPY_PROGRESS_JSON, COPY_PROGRESS_FD };
 
 /* Per-chunk digests of a stream, for --verify: one XXH3-64 per COPY_CHUNK
  * bytes. */
@@ -58,7 +59,8 @@ struct copy_opts {
   bool allocated;        /* write every byte, zeroes included */
   bool dst_is_zero;      /* destination already reads as zeroes */
   bool no_flush;
-  bool no_zero_detect;
+  bool no_zero_detect;   /* data that reads as zeroes is still written */
+  bool no_extents;       /* read the whole source, ignoring its extents */
   bool no_zero_copy;     /* always read into buffers (zero detection on
                             all data); else file -> plain NBD uses
                             sendfile */
@@ -68,6 +70,7 @@ struct copy_opts {
                             answers none of them for this long fails the
                             copy with ETIMEDOUT; 0: wait forever */
   enum copy_progress progress;
+  int progress_fd;       /* COPY_PROGRESS_FD only */
   const char *label;     /* progress label, e.g. "copy" or "verify" */
   struct hash_ctx *hash; /* whole-stream digest of the source, or NULL */
   struct copy_chunks *chunks; /* per-chunk digests to record, or NULL */

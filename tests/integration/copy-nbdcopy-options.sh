@@ -1,0 +1,131 @@
+#!/bin/bash
+# nbdcopy's options that a command line moved from nbdcopy to
+# "nbdflow copy" brings along, each doing what nbdcopy's manual says:
+# --no-extents reads a source whose map lies (nbdkit's extentlist filter
+# calls it all hole), -S 0 writes zero blocks inside data instead of
+# leaving holes, --progress=FD writes "N/100" lines ending at 100,
+# --synchronous keeps one request in flight on one connection, --flush and
+# -T are taken. Every copy is compared with its source.
+. "$(dirname "$0")/lib.sh"
+need nbdkit
+tmpdir_make
+
+# A source whose map says "all hole" while it holds data: an extent list
+# with no entries covers nothing, and nbdkit reports the rest as holes.
+make_sparse "$TMP/src.img" 16 "0:4 9:3"
+: >"$TMP/nothing.list"
+kit "$TMP/lie.sock" --filter=extentlist file "$TMP/src.img" \
+    extentlist="$TMP/nothing.list"
+lie=$(uri "$TMP/lie.sock")
+"$NBDFLOW" info --map "$lie" >"$TMP/map" || fail "info --map of $lie"
+grep -q 'hole' "$TMP/map" && ! grep -q 'data' "$TMP/map" ||
+    fail "nbdkit's extentlist filter did not lie as expected: $(cat "$TMP/map")"
+
+# Trusting the map copies zeroes: the test sees the lie ...
+"$NBDFLOW" copy "$lie" "$TMP/trusted.img" || fail "copy trusting the map"
+cmp -s "$TMP/src.img" "$TMP/trusted.img" &&
+    fail "a copy that trusts an all-hole map still got the data"
+note "ok: the map's lie reaches a copy that trusts it"
+# ... and --no-extents reads through it; the copy stays sparse where the
+# data reads as zeroes (zero detection is still on).
+"$NBDFLOW" copy --no-extents "$lie" "$TMP/read.img" ||
+    fail "copy --no-extents failed"
+same "$TMP/src.img" "$TMP/read.img"
+used=$(du -k "$TMP/read.img" | cut -f1)
+[ "$used" -le 7300 ] || fail "--no-extents copy uses $used KiB, not ~7 MiB"
+note "ok: --no-extents copy is sparse ($used KiB)"
+
+# -S 0: a data range holding zero blocks (written as data, so the file
+# has no hole there) is copied into a new file as it is, not made sparse.
+make_random "$TMP/dense.img" 4
+dd if=/dev/zero bs=1M count=4 status=none >>"$TMP/dense.img"
+dd if=/dev/urandom bs=1M count=4 status=none >>"$TMP/dense.img"
+src_kib=$(du -k "$TMP/dense.img" | cut -f1)
+"$NBDFLOW" copy "$TMP/dense.img" "$TMP/sparse-out.img" || fail "copy"
+"$NBDFLOW" copy -S 0 "$TMP/dense.img" "$TMP/dense-out.img" ||
+    fail "copy -S 0"
+"$NBDFLOW" copy --sparse=4k "$TMP/dense.img" "$TMP/sparse4k-out.img" ||
+    fail "copy --sparse=4k"
+same "$TMP/dense.img" "$TMP/sparse-out.img"
+same "$TMP/dense.img" "$TMP/dense-out.img"
+same "$TMP/dense.img" "$TMP/sparse4k-out.img"
+a=$(du -k "$TMP/sparse-out.img" | cut -f1)
+b=$(du -k "$TMP/dense-out.img" | cut -f1)
+c=$(du -k "$TMP/sparse4k-out.img" | cut -f1)
+[ "$a" -le 8300 ] && [ "$c" -le 8300 ] ||
+    fail "zero detection left the zero blocks allocated ($a, $c KiB)"
+[ "$b" -ge "$src_kib" ] ||
+    fail "-S 0 made holes: $b KiB of the source's $src_kib KiB"
+note "ok: -S 0 writes $b KiB, detection $a KiB (source $src_kib KiB)"
+# Through an NBD destination too, reading into buffers (a file sent with
+# sendfile is never looked at): the 4 MiB of zeroes go as a zeroing
+# request, and with -S 0 as a WRITE.
+kit "$TMP/log.sock" --filter=log memory 12M logfile="$TMP/kit-req.log"
+zeroed () {
+    "$NBDFLOW" copy --no-zero-copy --json "$@" "$TMP/dense.img" \
+        "$(uri "$TMP/log.sock")" >"$TMP/z.json" || fail "copy $* into nbdkit"
+    "$NBDFLOW" copy "$(uri "$TMP/log.sock")" "$TMP/back.img" ||
+        fail "read back"
+    same "$TMP/dense.img" "$TMP/back.img"
+    python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["bytes_zeroed"])' \
+        "$TMP/z.json"
+}
+z=$(zeroed)
+[ "$z" = 4194304 ] || fail "the zero range was not detected ($z bytes zeroed)"
+n=$(grep -c 'connection=[0-9]* Zero ' "$TMP/kit-req.log")
+[ "$n" -ge 1 ] || fail "no zeroing request reached nbdkit"
+: >"$TMP/kit-req.log"
+z=$(zeroed -S 0)
+[ "$z" = 0 ] || fail "-S 0 still zeroed $z bytes"
+! grep -q 'connection=[0-9]* Zero ' "$TMP/kit-req.log" ||
+    fail "-S 0 still sent a zeroing request: $(grep ' Zero ' "$TMP/kit-req.log" | head -1)"
+note "ok: into nbdkit, 4 MiB zeroed by default and none with -S 0"
+
+# --progress=FD: "N/100" lines, never going back, the last one 100/100.
+"$NBDFLOW" copy --progress=3 "$TMP/src.img" "$TMP/p.img" 3>"$TMP/progress" ||
+    fail "copy --progress=3"
+same "$TMP/src.img" "$TMP/p.img"
+python3 - "$TMP/progress" <<'PY' || fail "progress lines: $(tr '\n' ' ' <"$TMP/progress")"
+import re, sys
+lines = open(sys.argv[1]).read().splitlines()
+assert lines, "no lines"
+vals = []
+for l in lines:
+    m = re.fullmatch(r"(\d+)/100", l)
+    assert m, "bad line %r" % l
+    vals.append(int(m.group(1)))
+assert vals == sorted(vals), vals
+assert vals[-1] == 100 and vals.count(100) == 1, vals
+PY
+note "ok: --progress=3 wrote $(wc -l <"$TMP/progress") lines ending at 100/100"
+rc=0
+"$NBDFLOW" copy --progress=9 "$TMP/src.img" "$TMP/p2.img" 2>"$TMP/err" || rc=$?
+[ "$rc" = 2 ] && grep -q 'progress=9: no such open file descriptor' "$TMP/err" ||
+    fail "--progress on a closed descriptor: exit $rc, $(cat "$TMP/err")"
+[ ! -e "$TMP/p2.img" ] || fail "a refused copy created its destination"
+note "ok: --progress=9 with no descriptor 9 is refused"
+
+# --synchronous: one request in flight, one connection each side, into a
+# server that would take four (nbdkit memory advertises multi-conn).
+kit "$TMP/m.sock" memory 16M
+"$NBDFLOW" copy --synchronous --json "$TMP/src.img" "$(uri "$TMP/m.sock")" \
+    >"$TMP/sync.json" || fail "copy --synchronous"
+python3 - "$TMP/sync.json" <<'PY' || fail "--synchronous report: $(cat "$TMP/sync.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["peak_depth"] == 1, d["peak_depth"]
+assert d["connections"]["destination"] == 1, d["connections"]
+PY
+"$NBDFLOW" copy "$(uri "$TMP/m.sock")" "$TMP/m.img" || fail "read back"
+same "$TMP/src.img" "$TMP/m.img"
+
+# --flush and -T are taken (flushing is the default; one event loop does
+# the copying, whatever -T says).
+"$NBDFLOW" copy --flush -T 4 --threads=2 "$TMP/src.img" "$TMP/f.img" ||
+    fail "copy --flush -T 4"
+same "$TMP/src.img" "$TMP/f.img"
+rc=0
+"$NBDFLOW" copy -T x "$TMP/src.img" "$TMP/f2.img" 2>"$TMP/err" || rc=$?
+[ "$rc" = 2 ] && grep -q "threads: 0 to 1024, not 'x'" "$TMP/err" ||
+    fail "-T x: exit $rc, $(cat "$TMP/err")"
+echo "PASS: nbdcopy's options behave as nbdcopy documents them"
