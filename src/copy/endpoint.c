@@ -29,7 +29,13 @@ struct file_priv {
   bool fresh;          /* destination was empty: reads as zeroes */
   bool dense;          /* -S 0: data is written whole even where fresh */
   bool is_pipe;
-  pthread_mutex_t grow_lock; /* serialises ftruncate growth */
+  /* A destination file whose size is unknown (the source is a pipe)
+   * starts empty and grows. Every write and zero first grows it to its
+   * own end under grow_lock, so no ftruncate can cut off what another
+   * worker is writing, and zeroes at the end still reach the size. */
+  bool growing;
+  uint64_t grow_goal;        /* the largest end grown to; grow_lock's */
+  pthread_mutex_t grow_lock;
   /* A source's first extents, looked up on a worker from the moment it is
    * opened: SEEK_HOLE can take milliseconds per GiB of data (tmpfs walks
    * its pages), and so it overlaps connecting the destination instead of
@@ -204,6 +210,25 @@ file_write_sparse(int fd, const uint8_t *buf, size_t len, uint64_t off)
   return 0;
 }
 
+/* Makes a growing file at least end bytes long; never shrinks it. */
+static int
+file_grow_to(struct file_priv *p, uint64_t end)
+{
+  struct stat st;
+  int r = 0;
+  pthread_mutex_lock(&p->grow_lock);
+  if (end > p->grow_goal) {
+    p->grow_goal = end;
+    if (fstat(p->fd, &st) < 0)
+      r = errno;
+    else if ((uint64_t)st.st_size < end &&
+             ftruncate(p->fd, (off_t)end) < 0)
+      r = errno;
+  }
+  pthread_mutex_unlock(&p->grow_lock);
+  return r;
+}
+
 static int
 file_zero(struct file_priv *p, uint64_t off, uint64_t len, bool *skipped)
 {
@@ -217,19 +242,14 @@ file_zero(struct file_priv *p, uint64_t off, uint64_t len, bool *skipped)
     }
     return 0;
   }
-  if (p->fresh) {
-    /* Already zero; only make sure the file reaches the range's end. */
-    struct stat st;
-    int r = 0;
-    pthread_mutex_lock(&p->grow_lock);
-    if (fstat(p->fd, &st) < 0)
-      r = errno;
-    else if ((uint64_t)st.st_size < off + len &&
-             ftruncate(p->fd, (off_t)(off + len)) < 0)
-      r = errno;
-    pthread_mutex_unlock(&p->grow_lock);
-    *skipped = r == 0;
+  /* A growing file first reaches the range's end (a file of known size
+   * got its size when it was opened). */
+  int r = p->growing ? file_grow_to(p, off + len) : 0;
+  if (r)
     return r;
+  if (p->fresh) { /* already zero */
+    *skipped = true;
+    return 0;
   }
   if (fallocate(p->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                 (off_t)off, (off_t)len) == 0)
@@ -238,7 +258,7 @@ file_zero(struct file_priv *p, uint64_t off, uint64_t len, bool *skipped)
     return 0;
   while (len > 0) {
     size_t n = len > sizeof ep_zero_page ? sizeof ep_zero_page : len;
-    int r = file_pwrite_all(p->fd, ep_zero_page, n, off, false);
+    r = file_pwrite_all(p->fd, ep_zero_page, n, off, false);
     if (r)
       return r;
     off += n;
@@ -291,6 +311,9 @@ file_work(struct work *w)
     }
     break;
   case EP_WRITE:
+    if (p->growing &&
+        (op->err = file_grow_to(p, op->offset + op->length)) != 0)
+      break;
     if (p->fresh && !p->dense)
       op->err = file_write_sparse(p->fd, op->buf, (size_t)op->length,
                                   op->offset);
@@ -491,6 +514,7 @@ file_open(struct ep_env *env, const char *spec, const struct endpoint_opts *o,
     }
     p->fresh = empty && !o->allocated;
     p->dense = o->dense;
+    p->growing = o->create_size == UINT64_MAX;
   } else if (o->write && !S_ISBLK(st.st_mode)) {
     r = ep_fail(err, errlen, -EINVAL, "%s: %s (not a file, device or '-')",
                 spec);

@@ -367,7 +367,11 @@ eng_pad_done(struct engine *e, struct cop *c)
 static void
 eng_write(struct engine *e, struct cop *c)
 {
-  if (e->dst == NULL || (c->zero && e->o->dst_is_zero)) {
+  /* --destination-is-zero skips a zero piece only where the destination
+   * already spans it: a stream or a file growing with the copy needs the
+   * bytes, or the size, that the piece brings. */
+  if (e->dst == NULL ||
+      (c->zero && e->o->dst_is_zero && e->dst->size_known)) {
     eng_account(e, c, false, true);
     eng_cop_release(e, c);
     return;

@@ -32,6 +32,33 @@ cmp -n 20971520 "$TMP/long.img" <("$NBDFLOW" copy "$uri" -) ||
     fail "stdin longer than the export: the first 20 MiB did not land"
 note "ok: stdin longer than the export fails: $(cat "$TMP/err")"
 
+# Standard input into a new file, which grows with the copy: zero pieces
+# between data pieces (a zero piece once cut off data another worker had
+# just written past it), and zeroes at the end (once left out of the
+# size). Small requests make many pieces race.
+python3 - "$TMP/alt.img" <<'PY'
+import os, sys
+with open(sys.argv[1], "wb") as f:
+    for _ in range(64):
+        f.write(bytes(64 << 10))
+        f.write(os.urandom(64 << 10))
+    f.write(b"abc" + bytes(10000))
+PY
+for rs in 4K 64K 512K; do
+    rm -f "$TMP/grow.img"
+    "$NBDFLOW" copy --request-size "$rs" - "$TMP/grow.img" <"$TMP/alt.img" ||
+        fail "stdin -> new file, requests of $rs"
+    same "$TMP/alt.img" "$TMP/grow.img"
+done
+# --destination-is-zero cannot skip what a stream or a growing file needs.
+"$NBDFLOW" copy --destination-is-zero "$TMP/src.img" - >"$TMP/dz.img" ||
+    fail "--destination-is-zero to stdout"
+same "$TMP/src.img" "$TMP/dz.img"
+rm -f "$TMP/dz2.img"
+"$NBDFLOW" copy --destination-is-zero - "$TMP/dz2.img" <"$TMP/src.img" ||
+    fail "--destination-is-zero from stdin"
+same "$TMP/src.img" "$TMP/dz2.img"
+
 check "random source -> nbd" "$NBDFLOW" copy random:20M:7 "$uri"
 [ "$("$NBDFLOW" sum "$uri")" != "" ] || fail "sum failed"
 [ "$("$NBDFLOW" sum random:20M:7 | cut -d' ' -f1)" = \
