@@ -16,6 +16,7 @@
 #include "net/loop.h"
 #include "util/log.h"
 #include "util/size.h"
+#include "util/text.h"
 
 struct copy_args {
   const char *src, *dst;
@@ -333,8 +334,12 @@ copy_report_json(const struct copy_args *a, const struct copy_stats *st,
 {
   double mibs = st->seconds > 0 ? (double)st->done / 1048576.0 / st->seconds
                                 : 0;
-  printf("{\"source\": \"%s\", \"destination\": \"%s\", "
-         "\"bytes_total\": %llu, \"bytes_copied\": %llu, "
+  /* Names come from the command line: any bytes at all. */
+  fputs("{\"source\": ", stdout);
+  text_json_str(stdout, a->src);
+  fputs(", \"destination\": ", stdout);
+  text_json_str(stdout, a->dst);
+  printf(", \"bytes_total\": %llu, \"bytes_copied\": %llu, "
          "\"bytes_zeroed\": %llu, \"bytes_skipped\": %llu, "
          "\"seconds\": %.3f, \"mib_per_s\": %.1f, \"requests\": %llu, "
          "\"connections\": {\"source\": %u, \"destination\": %u}, "
@@ -344,7 +349,7 @@ copy_report_json(const struct copy_args *a, const struct copy_stats *st,
          "\"data_path\": \"%s\", \"verified\": %s, "
          "\"diagnostic\": {\"nagle\": %s, \"split_writes\": %s, "
          "\"max_requests\": %u}%s%s%s%s}\n",
-         a->src, a->dst, (unsigned long long)st->total,
+         (unsigned long long)st->total,
          (unsigned long long)st->copied, (unsigned long long)st->zeroed,
          (unsigned long long)st->skipped, st->seconds, mibs,
          (unsigned long long)st->requests, st->src_connections,

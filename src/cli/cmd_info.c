@@ -17,6 +17,7 @@
 #include "proto/nbd.h"
 #include "util/log.h"
 #include "util/size.h"
+#include "util/text.h"
 #include "util/uri.h"
 
 struct info_args {
@@ -39,61 +40,6 @@ struct info_map {
   uint32_t type;
 };
 
-/* Length of the valid UTF-8 sequence at p (2 to 4), or 0 when p does not
- * start one (stray continuation, overlong form, surrogate, > U+10FFFF). */
-static size_t
-info_utf8_len(const unsigned char *p)
-{
-  unsigned char lo = 0x80, hi = 0xbf;
-  size_t n;
-  if (p[0] >= 0xc2 && p[0] <= 0xdf)
-    n = 2;
-  else if (p[0] >= 0xe0 && p[0] <= 0xef)
-    n = 3;
-  else if (p[0] >= 0xf0 && p[0] <= 0xf4)
-    n = 4;
-  else
-    return 0;
-  if (p[0] == 0xe0)
-    lo = 0xa0;
-  else if (p[0] == 0xed)
-    hi = 0x9f;
-  else if (p[0] == 0xf0)
-    lo = 0x90;
-  else if (p[0] == 0xf4)
-    hi = 0x8f;
-  if (p[1] < lo || p[1] > hi)
-    return 0;
-  for (size_t i = 2; i < n; i++)
-    if (p[i] < 0x80 || p[i] > 0xbf)
-      return 0;
-  return n;
-}
-
-/* A server's string as a JSON string: control characters (DEL and C1
- * included) escaped, bytes that are not UTF-8 replaced by U+FFFD, so the
- * output stays valid JSON whatever the server sent. */
-static void
-info_json_str(FILE *out, const char *s)
-{
-  fputc('"', out);
-  for (const unsigned char *p = (const unsigned char *)s; *p;) {
-    size_t n = *p < 0x80 ? 1 : info_utf8_len(p);
-    if (*p == '"' || *p == '\\')
-      fprintf(out, "\\%c", *p);
-    else if (*p < 0x20 || *p == 0x7f)
-      fprintf(out, "\\u%04x", *p);
-    else if (n == 0)
-      fprintf(out, "\\ufffd");
-    else if (n == 2 && p[0] == 0xc2 && p[1] <= 0x9f)
-      fprintf(out, "\\u%04x", p[1]); /* a C1 control */
-    else
-      fwrite(p, 1, n, out);
-    p += n ? n : 1;
-  }
-  fputc('"', out);
-}
-
 /* A server's string on a terminal: control characters (C0, DEL, C1),
  * backslashes, double quotes (names are shown quoted) and bytes that are
  * not UTF-8 are shown as \xNN, so a name or description cannot move the
@@ -103,7 +49,7 @@ static void
 info_text_str(FILE *out, const char *s)
 {
   for (const unsigned char *p = (const unsigned char *)s; *p;) {
-    size_t n = *p < 0x80 ? 1 : info_utf8_len(p);
+    size_t n = *p < 0x80 ? 1 : text_utf8_len(p);
     if (n == 2 && p[0] == 0xc2 && p[1] <= 0x9f)
       n = 0; /* a C1 control: both bytes escaped */
     if (n == 0 || *p < 0x20 || *p == 0x7f || *p == '\\' || *p == '"') {
@@ -277,7 +223,7 @@ info_print_head(FILE *out, const struct client_conn *c, bool json)
     fprintf(out, "\"export-names\": [");
     for (size_t i = 0; i < in->nexports; i++) {
       fprintf(out, i ? ", " : " ");
-      info_json_str(out, in->exports[i]);
+      text_json_str(out, in->exports[i]);
     }
     fprintf(out, " ],\n");
   }
@@ -316,13 +262,13 @@ info_print_export(FILE *out, const struct client_conn *c, const char *uri,
   size_format_exact(in->size, sz, sizeof sz);
   if (json) {
     fprintf(out, "\t{\n\t\"export-name\": ");
-    info_json_str(out, in->name ? in->name : "");
+    text_json_str(out, in->name ? in->name : "");
     if (in->description) {
       fprintf(out, ",\n\t\"description\": ");
-      info_json_str(out, in->description);
+      text_json_str(out, in->description);
     }
     fprintf(out, ",\n\t\"uri\": ");
-    info_json_str(out, uri);
+    text_json_str(out, uri);
     fprintf(out, ",\n\t\"contexts\": [%s]",
             in->allocation ? " \"base:allocation\" " : "");
   } else {
@@ -533,7 +479,7 @@ info_file(const struct info_args *a)
   else if (a->json) {
     fprintf(a->out,
             "{\n\"protocol\": \"file\",\n\"exports\": [\n\t{\n\t\"uri\": ");
-    info_json_str(a->out, a->target);
+    text_json_str(a->out, a->target);
     fprintf(a->out,
             ",\n\t\"export-size\": %llu,\n\t\"export-size-str\": \"%s\"\n\t} "
             "]\n}\n",

@@ -54,6 +54,14 @@ cp "$TMP/src.img" "$TMP/backup:1.img"
 cmp "$TMP/src.img" "$TMP/b.img" || fail "backup:1.img: copy differs"
 cd - >/dev/null || fail "cd back"
 
+# The JSON report holds any file name as a valid JSON string.
+cp "$TMP/src.img" "$TMP/we\"ird\\name"
+"$NBDFLOW" copy --json "$TMP/we\"ird\\name" null: >"$TMP/r.json" ||
+    fail "copy --json of a name with a quote"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["source"].endswith("we\"ird\\name"), d["source"]' \
+    "$TMP/r.json" || fail "JSON report of an odd name: $(cat "$TMP/r.json")"
+note "ok: --json escapes the names"
+
 # The image on stdout is not followed by a JSON report.
 refused 2 "--json writes its report to stdout" \
     copy --json "$TMP/src.img" -
