@@ -398,6 +398,8 @@ copy_verify(struct copy_args *a, const struct copy_chunks *want,
   struct copy_chunks got = { 0 };
   struct copy_stats st;
   int rc = 1;
+  if (size == 0)
+    return 0; /* nothing was copied, so nothing can differ */
   if (copy_session_open(&s) < 0)
     goto out;
   struct endpoint_opts eo = { .write = false, .connections = a->connections,
@@ -413,8 +415,6 @@ copy_verify(struct copy_args *a, const struct copy_chunks *want,
                                      ? COPY_PROGRESS_NONE : a->o.progress,
                          .label = "verify",
                          .chunks = &got };
-  if (size == 0)
-    o.max_bytes = 0;
   if (copy_run(&s.env, s.src, NULL, &o, &st, err, sizeof err) < 0) {
     log_error("verify: %s", err);
     goto out;
@@ -500,6 +500,8 @@ cmd_copy(int argc, char **argv)
     goto out;
   if (a.json)
     copy_report_json(&a, &st, a.verify);
+  if (a.o.progress == COPY_PROGRESS_FD) /* only now is all of it done */
+    (void)dprintf(a.o.progress_fd, "100/100\n");
   rc = 0;
 out:
   if (rc != 0 && copy_signal())

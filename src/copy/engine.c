@@ -802,10 +802,10 @@ eng_progress(struct engine *e, bool final)
   double mibs = secs > 0 ? (double)st->done / 1048576.0 / secs : 0;
   uint64_t total = e->size == UINT64_MAX ? 0 : e->size;
   if (e->o->progress == COPY_PROGRESS_FD) {
-    /* nbdcopy's format: "N/100" whenever N moves, 100 only when done. */
-    int pct = final ? 100
-            : total ? (int)(st->done * 100 / total) : 0;
-    if (pct == 100 && !final)
+    /* nbdcopy's format: "N/100" whenever N moves. 100 is the command's
+     * to write, once nothing after the transfer can fail it. */
+    int pct = total ? (int)(st->done * 100 / total) : 0;
+    if (pct > 99)
       pct = 99;
     if (pct != e->fd_percent)
       (void)dprintf(e->o->progress_fd, "%d/100\n", pct);

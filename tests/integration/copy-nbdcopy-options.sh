@@ -98,6 +98,18 @@ assert vals == sorted(vals), vals
 assert vals[-1] == 100 and vals.count(100) == 1, vals
 PY
 note "ok: --progress=3 wrote $(wc -l <"$TMP/progress") lines ending at 100/100"
+# 100/100 means done: a copy that fails after its last byte (standard
+# input longer than the destination) never writes it.
+head -c 17M /dev/urandom >"$TMP/long.img"
+kit "$TMP/small.sock" memory 16M
+rc=0
+"$NBDFLOW" copy --progress=3 - "$(uri "$TMP/small.sock")" <"$TMP/long.img" \
+    3>"$TMP/progress" 2>"$TMP/err" || rc=$?
+[ "$rc" = 1 ] && grep -q 'standard input is longer' "$TMP/err" ||
+    fail "stdin longer than the export: exit $rc, $(cat "$TMP/err")"
+! grep -q '^100/100$' "$TMP/progress" ||
+    fail "a failed copy wrote 100/100: $(tr '\n' ' ' <"$TMP/progress")"
+note "ok: the failed copy's progress ends at $(tail -1 "$TMP/progress")"
 rc=0
 "$NBDFLOW" copy --progress=9 "$TMP/src.img" "$TMP/p2.img" 2>"$TMP/err" || rc=$?
 [ "$rc" = 2 ] && grep -q 'progress=9: no such open file descriptor' "$TMP/err" ||

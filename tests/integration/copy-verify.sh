@@ -37,4 +37,13 @@ grep -q "differs from .* in bytes 0 to 4194304" "$TMP/err" ||
     fail "mismatch message does not name the first range: $(cat "$TMP/err")"
 [ ! -s "$TMP/out" ] || fail "a report was printed after a failed verify"
 note "ok: $(cat "$TMP/err")"
+
+# An empty source copies nothing, so nothing can differ: the 4 MiB of the
+# destination past its end are not compared with it.
+: >"$TMP/empty.img"
+"$NBDFLOW" copy --verify --json "$TMP/empty.img" \
+    "nbd+unix:///?socket=$TMP/bad.sock" >"$TMP/out" 2>"$TMP/err" ||
+    fail "--verify of an empty source: $(cat "$TMP/err")"
+grep -q '"verified": true' "$TMP/out" || fail "empty source: $(cat "$TMP/out")"
+note "ok: --verify of an empty source"
 echo "PASS"
