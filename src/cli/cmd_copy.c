@@ -178,6 +178,10 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     case OPT_INFLIGHT:
       if (copy_parse_size("--inflight", optarg, &a->o.inflight) < 0)
         return 2;
+      if (a->o.inflight > COPY_INFLIGHT_MAX) {
+        log_error("--inflight: at most 16G, not '%s'", optarg);
+        return 2;
+      }
       break;
     case OPT_ALLOCATED:
       a->o.allocated = true;

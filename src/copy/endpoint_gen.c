@@ -227,7 +227,7 @@ endpoint_open_gen(struct ep_env *env, const char *spec, struct endpoint **out,
   if (p->kind == GEN_SPARSE) {
     p->period = n > 1 ? v[1] : 32u << 20;
     p->data = n > 2 ? v[2] : 1u << 20;
-    if (p->period == 0 || p->data > p->period) {
+    if (p->period == 0 || p->data == 0 || p->data > p->period) {
       free(p);
       free(e);
       snprintf(err, errlen, "'%s': need 0 < DATA <= PERIOD", spec);

@@ -52,6 +52,10 @@ struct copy_chunks {
   uint64_t n, cap;
 };
 
+/* The largest fixed window (--inflight): 64 times the adaptive cap. A
+ * larger one could only fail to allocate its bookkeeping. */
+#define COPY_INFLIGHT_MAX (16ull << 30)
+
 struct copy_opts {
   uint64_t request_size; /* 0: automatic */
   uint64_t inflight;     /* bytes; 0: adaptive */

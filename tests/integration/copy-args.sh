@@ -25,6 +25,10 @@ refused 2 "--connections: 1 to 64, not 'abc'" \
     copy --connections abc "$TMP/src.img" null:
 refused 2 "--max-requests: 1 to 65536, not '0'" \
     copy --max-requests 0 "$TMP/src.img" null:
+refused 2 "--inflight: at most 16G, not '8E'" \
+    copy --inflight 8E "$TMP/src.img" null:
+refused 1 "error: 'sparse:1M:64K:0': need 0 < DATA <= PERIOD" \
+    copy sparse:1M:64K:0 null:
 refused 1 "error: nbd://127.0.0.1:99999/: port out of range: '99999'" \
     copy "$TMP/src.img" nbd://127.0.0.1:99999/
 refused 1 "error: nbd://127.0.0.1/?frob=1: unknown query parameter 'frob'" \
