@@ -72,6 +72,7 @@ struct tls_session {
    * them, so pending() counts them. */
   uint8_t *rx;
   size_t rx_off, rx_len;
+  uint64_t rx_taken; /* bytes handed to GnuTLS so far: its progress */
   int rx_err; /* an error met after recv had bytes to return: next call */
   /* Sending side only (the push function): encrypted records accepted
    * from GnuTLS and not yet on the socket are tx[tx_off, tx_len). GnuTLS
@@ -198,7 +199,25 @@ tls_pull(gnutls_transport_ptr_t ptr, void *buf, size_t len)
     k = len;
   memcpy(buf, ts->rx + ts->rx_off, k);
   ts->rx_off += k;
+  ts->rx_taken += k;
   return (ssize_t)k;
+}
+
+/* Calls to GnuTLS in a row that tls_again allows: a bound for a peer
+ * that sends a flood of tiny records. Honest peers need a few. */
+#define TLS_AGAIN_MAX 1024
+
+/* GnuTLS answers AGAIN after each record of a handshake message split over
+ * several records, and after a post-handshake message (a TLS 1.3 session
+ * ticket or key update), even when what follows is already in rx, where
+ * epoll cannot see it. True when GnuTLS should be called again at once:
+ * it took bytes since taken_before, more wait in rx, and it is not
+ * waiting to write. */
+static bool
+tls_again(struct tls_session *ts, uint64_t taken_before)
+{
+  return ts->rx_taken != taken_before && ts->rx_off < ts->rx_len &&
+         gnutls_record_get_direction(ts->s) == 0;
 }
 
 static int
@@ -258,12 +277,17 @@ tls_recv_record(struct tls_session *ts, void *buf, size_t len)
 {
   /* Warning alerts are skipped; each one consumed input, and the bound
    * keeps a peer from holding the loop with a flood of them. */
-  for (int i = 0; i < 64; i++) {
+  for (int i = 0, again = 0; i < 64; i++) {
+    uint64_t taken = ts->rx_taken;
     ssize_t n = gnutls_record_recv(ts->s, buf, len);
     if (n >= 0)
       return n;
-    if (n == GNUTLS_E_AGAIN)
-      return -EAGAIN;
+    if (n == GNUTLS_E_AGAIN) {
+      if (!tls_again(ts, taken) || ++again > TLS_AGAIN_MAX)
+        return -EAGAIN;
+      i--; /* not an alert: the bound above is for those */
+      continue;
+    }
     if (n == GNUTLS_E_INTERRUPTED)
       continue;
     if (n == GNUTLS_E_PREMATURE_TERMINATION)
@@ -545,7 +569,8 @@ tls_handshake_step(struct transport *t, bool *want_write, char *err,
   int r;
 
   *want_write = false;
-  for (int i = 0; i < 16; i++) {
+  for (int i = 0, again = 0; i < 16; i++) {
+    uint64_t taken = ts->rx_taken;
     r = gnutls_handshake(ts->s);
     if (r == GNUTLS_E_SUCCESS) {
       size_t max = gnutls_record_get_max_size(ts->s);
@@ -554,6 +579,10 @@ tls_handshake_step(struct transport *t, bool *want_write, char *err,
       return 0;
     }
     if (r == GNUTLS_E_AGAIN) {
+      if (tls_again(ts, taken) && ++again <= TLS_AGAIN_MAX) {
+        i--; /* a message in several records: read on */
+        continue;
+      }
       *want_write = gnutls_record_get_direction(ts->s) == 1;
       return -EAGAIN;
     }
