@@ -24,6 +24,7 @@
 
 #define TLS_RECORD_MAX 16384 /* the TLS maximum plaintext per record */
 #define TLS_PSK_LINE_MAX 4096
+#define TLS_PSK_KEY_MIN 4 /* bytes: GnuTLS clients take no shorter key */
 /* TLS 1.2 and later only (§TLS versions). AEAD ciphers only, AES-GCM
  * first and the server's order winning: with AES-NI, GnuTLS runs
  * AES-128-GCM about ten times faster than ChaCha20 here, and a client
@@ -684,7 +685,22 @@ tls_psk_check(const char *file, char *err, size_t errlen)
   int lineno = 0, keys = 0, r = 0;
   while (fgets(line, sizeof line, f)) {
     lineno++;
-    size_t n = strcspn(line, "\r\n");
+    size_t n = strcspn(line, "\n");
+    if (line[n] != '\n' && !feof(f)) {
+      tls_err(err, errlen, "PSK file %s line %d: longer than %d bytes",
+              file, lineno, TLS_PSK_LINE_MAX - 2);
+      r = -EINVAL;
+      break;
+    }
+    /* GnuTLS reads the server's file itself, and takes a carriage
+     * return for part of the key: every handshake would then fail. */
+    if (n > 0 && line[n - 1] == '\r') {
+      tls_err(err, errlen, "PSK file %s line %d ends in a carriage return "
+              "(DOS line ends?); write it with \\n line ends, as psktool "
+              "does", file, lineno);
+      r = -EINVAL;
+      break;
+    }
     line[n] = '\0';
     if (n == 0)
       continue;
@@ -700,8 +716,16 @@ tls_psk_check(const char *file, char *err, size_t errlen)
       r = -EINVAL;
       break;
     }
+    if (hl < 2 * TLS_PSK_KEY_MIN) {
+      /* GnuTLS clients refuse them ("The request is invalid"). */
+      tls_err(err, errlen, "PSK file %s line %d: a key of %zu bytes; at "
+              "least %d are needed", file, lineno, hl / 2, TLS_PSK_KEY_MIN);
+      r = -EINVAL;
+      break;
+    }
     keys++;
   }
+  explicit_bzero(line, sizeof line);
   fclose(f);
   if (r == 0 && keys == 0) {
     tls_err(err, errlen, "PSK file %s holds no key", file);
@@ -883,9 +907,11 @@ tls_psk_find(const char *file, const char *user, char **key, char *err,
   }
   explicit_bzero(line, sizeof line);
   fclose(f);
-  if (r == -ENOENT)
+  if (r == -ENOENT) {
+    char esc[LOG_ESCAPE_BUF]; /* the name comes from a URI: any bytes */
     tls_err(err, errlen, "PSK file %s has no key for user \"%s\"", file,
-            user);
+            log_escape(esc, user, strlen(user)));
+  }
   return r;
 }
 

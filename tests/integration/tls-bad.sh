@@ -188,4 +188,37 @@ for args in "--tls=require" "--tls=on" "--tls-certs $TMP/good" \
         fail "serve $args: unclear error: $(cat "$TMP/start.out")"
     note "ok: serve $args refused: $(tail -n 1 "$TMP/start.out")"
 done
+
+# ---- PSK files GnuTLS would choke on are refused at the start, naming
+# the line: DOS line ends (GnuTLS takes the CR into the key, and every
+# handshake failed), a key shorter than GnuTLS clients take, a line too
+# long to read whole (once reported as the line after it).
+key=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+printf 'alice:%s\r\n' "$key" >"$TMP/crlf.psk"
+printf 'alice:0a0b0c\n' >"$TMP/short.psk"
+printf 'alice:%s\n' "$(printf '%05000d' 0)" >"$TMP/long.psk"
+for f in crlf:"line 1 ends in a carriage return" \
+         short:"line 1: a key of 3 bytes; at least 4 are needed" \
+         long:"line 1: longer than 4094 bytes"; do
+    rc=0
+    timeout 20 "$NBDFLOW" serve --listen 127.0.0.1:1 --tls=require \
+        --tls-psk "$TMP/${f%%:*}.psk" "$TMP/disk.img" >"$TMP/start.out" 2>&1 ||
+        rc=$?
+    [ "$rc" != 0 ] && grep -qF "${f#*:}" "$TMP/start.out" ||
+        fail "PSK file ${f%%:*}: exit $rc, $(cat "$TMP/start.out")"
+    [ "$(wc -l <"$TMP/start.out")" = 1 ] ||
+        fail "PSK file ${f%%:*}: not one line: $(cat "$TMP/start.out")"
+    note "ok: $(cat "$TMP/start.out")"
+done
+# A client's unknown PSK user is named with its control bytes escaped:
+# the name comes from the URI.
+serve_tcp --tls=require --tls-psk "$TMP/keys.psk" "$TMP/disk.img"
+rc=0
+"$NBDFLOW" info "nbds://%1b%5b31mevil%0aX@127.0.0.1:$PORT/?tls-psk-file=$TMP/keys.psk" \
+    >"$TMP/out" 2>"$TMP/err" || rc=$?
+[ "$rc" != 0 ] && grep -qF 'no key for user "\x1b[31mevil\x0aX"' "$TMP/err" ||
+    fail "unknown PSK user with control bytes: exit $rc, $(cat -v "$TMP/err")"
+[ "$(wc -l <"$TMP/err")" = 1 ] || fail "not one line: $(cat -v "$TMP/err")"
+serve_stop
+note "ok: the unknown user is shown escaped"
 echo "PASS: every bad TLS client failed, cost one log line, and the server kept serving"
