@@ -1112,7 +1112,13 @@ server_run(struct server_config *cfg, char **export_args, int nexports)
              cfg->tls.certs_dir ? "X.509" : "",
              cfg->tls.certs_dir && cfg->tls.psk_file ? ", " : "",
              cfg->tls.psk_file ? "PSK" : "",
-             cfg->tls.verify_peer ? ", client certificates required" : "");
+             !cfg->tls.verify_peer ? ""
+             : cfg->tls.psk_file ? "; X.509 clients need a certificate from "
+                                   "the CA, PSK clients prove their key"
+                                 : "; clients need a certificate from the CA");
+    if (cfg->tls.verify_peer && cfg->tls_mode == TLS_ON)
+      log_warn("--tls-verify-peer with --tls=on: a client that stays in "
+               "plaintext needs no certificate; --tls=require demands TLS");
   }
   /* Block the stop signals before any thread starts, so that only the
    * first loop's signalfd sees them. */

@@ -174,6 +174,18 @@ bad_client "expired client certificate" "TLS handshake failed" \
 good_client "nbds://$H/?tls-certificates=$TMP/good"
 serve_stop
 
+# With --tls=on a client may stay in plaintext, certificate or not: the
+# start-up log says so instead of claiming certificates are required.
+serve_tcp --tls=on --tls-certs "$TMP/good" --tls-verify-peer "$TMP/disk.img"
+grep -q 'warning: --tls-verify-peer with --tls=on: a client that stays in plaintext needs no certificate' \
+    "$SERVER_LOG" || fail "no warning for --tls=on --tls-verify-peer: $(cat "$SERVER_LOG")"
+nbdinfo --size "nbd://127.0.0.1:$PORT/" >/dev/null ||
+    fail "--tls=on --tls-verify-peer: a plaintext client was not served"
+bad_client "no client certificate with --tls=on --tls-verify-peer" \
+    "TLS handshake failed" nbdinfo "nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/caonly"
+serve_stop
+note "ok: --tls=on --tls-verify-peer: warned; plaintext served, TLS without a certificate refused"
+
 # ---- start-up errors are clear ----
 for args in "--tls=require" "--tls=on" "--tls-certs $TMP/good" \
             "--tls=require --tls-psk $TMP/nope.psk" \
