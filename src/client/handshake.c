@@ -351,8 +351,16 @@ static int
 client_check_tls(struct client_conn *c, const struct nbd_uri *u)
 {
   const char *t = u->tls_type;
-  if (!u->tls || t == NULL || strcmp(t, "x509") == 0)
+  if (!u->tls || t == NULL)
     return 0;
+  if (strcmp(t, "x509") == 0) {
+    /* A PSK file would win, and no certificate would be checked. */
+    if (u->tls_psk_file == NULL)
+      return 0;
+    snprintf(c->errmsg, sizeof c->errmsg,
+             "tls-type=x509 checks certificates: drop tls-psk-file");
+    return -EINVAL;
+  }
   if (strcmp(t, "psk") == 0) {
     if (u->tls_psk_file)
       return 0;

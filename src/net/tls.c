@@ -62,6 +62,8 @@ struct tls_session {
   bool gather; /* inside sendv/flush: the push may keep records in tx */
   bool held; /* the last send used MSG_MORE: the kernel may hold a tail */
   size_t rec_max; /* plaintext per record, at most TLS_RECORD_MAX */
+  gnutls_typed_vdata_st vdata[2]; /* what the peer's certificate is
+                                     checked against (tls_verify_as) */
   /* Record buffer, owned by the session: plaintext of the record being
    * gathered or, when pending is set, of the record GnuTLS has encrypted
    * and needs gnutls_record_send to be repeated for. */
@@ -230,6 +232,22 @@ tls_pull_timeout(gnutls_transport_ptr_t ptr, unsigned int ms)
   struct pollfd p = { .fd = ts->fd, .events = POLLIN };
   int r = poll(&p, 1, ms == GNUTLS_INDEFINITE_TIMEOUT ? -1 : (int)ms);
   return r < 0 ? -1 : r;
+}
+
+/* Has the handshake verify the peer's certificate chain, its purpose
+ * (GNUTLS_KP_TLS_WWW_SERVER or _CLIENT: a certificate issued to a client
+ * cannot pose as a server) and, unless host is NULL, its name. GnuTLS
+ * keeps pointers to the data, so it lives in ts; host must outlive ts. */
+static void
+tls_verify_as(struct tls_session *ts, const char *purpose, const char *host)
+{
+  unsigned n = 0;
+  ts->vdata[n++] = (gnutls_typed_vdata_st){
+    .type = GNUTLS_DT_KEY_PURPOSE_OID, .data = (unsigned char *)purpose };
+  if (host)
+    ts->vdata[n++] = (gnutls_typed_vdata_st){
+      .type = GNUTLS_DT_DNS_HOSTNAME, .data = (unsigned char *)host };
+  gnutls_session_set_verify_cert2(ts->s, ts->vdata, n, 0);
 }
 
 /* Maps a fatal GnuTLS result to -errno. */
@@ -859,7 +877,7 @@ tls_server_start(struct transport *t, const struct tls_creds *creds,
     ts->x509 = true;
     if (creds->verify_peer) {
       gnutls_certificate_server_set_request(ts->s, GNUTLS_CERT_REQUIRE);
-      gnutls_session_set_verify_cert(ts->s, NULL, 0);
+      tls_verify_as(ts, GNUTLS_KP_TLS_WWW_CLIENT, NULL);
     } else {
       gnutls_certificate_server_set_request(ts->s, GNUTLS_CERT_IGNORE);
     }
@@ -1019,7 +1037,7 @@ tls_client_creds(struct tls_session *ts, const struct tls_client_config *cfg,
     return -EPROTO;
   }
   if (cfg->verify_peer)
-    gnutls_session_set_verify_cert(ts->s, cfg->hostname, 0);
+    tls_verify_as(ts, GNUTLS_KP_TLS_WWW_SERVER, cfg->hostname);
   return 0;
 }
 

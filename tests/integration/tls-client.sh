@@ -67,12 +67,30 @@ info_fails "nbds://127.0.0.1:$PORT/?tls-type=anon" \
 # (nothing listens on this port: the error must be about the URI).
 nport=$(free_port)
 for q in "tls-type=anon&tls-verify-peer=1" "tls-type=anon&tls-certificates=$TMP/pki" \
-         "tls-type=anon&tls-hostname=localhost" "tls-type=psk" "tls-type=kerberos"; do
+         "tls-type=anon&tls-hostname=localhost" "tls-type=psk" "tls-type=kerberos" \
+         "tls-type=x509&tls-psk-file=$TMP/psk/keys.psk"; do
     info_fails "nbds://127.0.0.1:$nport/?$q" \
-        "tls-type=anon authenticates no one: drop tls-\|tls-type=psk needs tls-psk-file\|tls-type=kerberos is not supported"
+        "tls-type=anon authenticates no one: drop tls-\|tls-type=psk needs tls-psk-file\|tls-type=kerberos is not supported\|tls-type=x509 checks certificates: drop tls-psk-file"
 done
 server_alive || fail "server died"
 serve_stop
+
+# A certificate the CA issued to a client cannot pose as a server's, even
+# where no host name is checked (a Unix socket without tls-hostname).
+mkdir -p "$TMP/imposter"
+cp "$TMP/pki/ca-cert.pem" "$TMP/imposter/"
+cp "$TMP/pki/client-cert.pem" "$TMP/imposter/server-cert.pem"
+cp "$TMP/pki/client-key.pem" "$TMP/imposter/server-key.pem"
+SOCK=$TMP/imposter.sock
+serve_start --unix "$SOCK" --tls=require --tls-certs "$TMP/imposter" "$TMP/dst.img"
+info_fails "nbds+unix:///?socket=$SOCK&tls-certificates=$TMP/pki" \
+    "does not match the intended purpose"
+serve_stop
+serve_start --unix "$SOCK" --tls=require --tls-certs "$TMP/pki" "$TMP/dst.img"
+out=$("$NBDFLOW" info "nbds+unix:///?socket=$SOCK&tls-certificates=$TMP/pki" 2>&1) ||
+    fail "a server certificate over a Unix socket: $out"
+serve_stop
+note "ok: a client's certificate is refused as a server's"
 
 # ---- peers ----
 if command -v qemu-nbd >/dev/null 2>&1; then
