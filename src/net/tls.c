@@ -4,6 +4,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -752,6 +753,35 @@ tls_psk_check(const char *file, char *err, size_t errlen)
   return r;
 }
 
+/* 0 when path can be read, else -errno (-ENOENT: there is none). GnuTLS
+ * says only "Error while reading file", without the file or the reason. */
+static int
+tls_readable(const char *path)
+{
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return -errno;
+  close(fd);
+  return 0;
+}
+
+/* Both files of a certificate and its key can be read, or err says which
+ * cannot, and why. */
+static int
+tls_pair_readable(const char *cert, const char *key, char *err,
+                  size_t errlen)
+{
+  const char *path[2] = { cert, key };
+  for (int i = 0; i < 2; i++) {
+    int r = tls_readable(path[i]);
+    if (r < 0) {
+      tls_err(err, errlen, "cannot read %s: %s", path[i], strerror(-r));
+      return r;
+    }
+  }
+  return 0;
+}
+
 static int
 tls_creds_load_x509(struct tls_creds *c, const char *dir, bool verify,
                     char *err, size_t errlen)
@@ -770,6 +800,8 @@ tls_creds_load_x509(struct tls_creds *c, const char *dir, bool verify,
     goto cleanup;
   }
   ret = -EINVAL;
+  if (tls_pair_readable(cert, key, err, errlen) < 0)
+    goto cleanup;
   r = gnutls_certificate_set_x509_key_file(c->x509, cert, key,
                                            GNUTLS_X509_FMT_PEM);
   if (r < 0) {
@@ -777,7 +809,13 @@ tls_creds_load_x509(struct tls_creds *c, const char *dir, bool verify,
             gnutls_strerror(r));
     goto cleanup;
   }
-  if (access(ca, R_OK) == 0) {
+  r = tls_readable(ca);
+  if (r < 0 && r != -ENOENT) {
+    tls_err(err, errlen, "cannot read CA certificate %s: %s", ca,
+            strerror(-r));
+    goto cleanup;
+  }
+  if (r == 0) {
     r = gnutls_certificate_set_x509_trust_file(c->x509, ca,
                                                GNUTLS_X509_FMT_PEM);
     if (r <= 0) {
@@ -993,8 +1031,11 @@ tls_client_creds(struct tls_session *ts, const struct tls_client_config *cfg,
     char *key = tls_path(cfg->certs_dir, TLS_CLIENT_KEY);
     r = -ENOMEM;
     if (ca && cert && key) {
-      r = 0;
-      if (access(ca, R_OK) == 0) {
+      r = tls_readable(ca);
+      if (r < 0 && r != -ENOENT)
+        tls_err(err, errlen, "cannot read CA certificate %s: %s", ca,
+                strerror(-r));
+      else if (r == 0) {
         int n = gnutls_certificate_set_x509_trust_file(ts->own_x509, ca,
                                                        GNUTLS_X509_FMT_PEM);
         if (n <= 0) {
@@ -1004,9 +1045,13 @@ tls_client_creds(struct tls_session *ts, const struct tls_client_config *cfg,
         }
       } else if (cfg->verify_peer) {
         tls_err(err, errlen, "no %s to verify the server with", ca);
-        r = -ENOENT;
+      } else {
+        r = 0;
       }
-      if (r == 0 && access(cert, R_OK) == 0) {
+      /* A client certificate is optional; its key is not, once it is
+       * there. */
+      if (r == 0 && tls_readable(cert) != -ENOENT &&
+          (r = tls_pair_readable(cert, key, err, errlen)) == 0) {
         int n = gnutls_certificate_set_x509_key_file(ts->own_x509, cert, key,
                                                      GNUTLS_X509_FMT_PEM);
         if (n < 0) {

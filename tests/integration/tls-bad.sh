@@ -222,6 +222,25 @@ for f in crlf:"line 1 ends in a carriage return" \
         fail "PSK file ${f%%:*}: not one line: $(cat "$TMP/start.out")"
     note "ok: $(cat "$TMP/start.out")"
 done
+# A certificate without its key names the file that is missing (GnuTLS
+# itself says only "Error while reading file"), on both ends.
+mkdir -p "$TMP/nokey"
+cp "$TMP/good/"*.pem "$TMP/nokey/"
+rm "$TMP/nokey/server-key.pem" "$TMP/nokey/client-key.pem"
+rc=0
+timeout 20 "$NBDFLOW" serve --listen 127.0.0.1:1 --tls=require \
+    --tls-certs "$TMP/nokey" "$TMP/disk.img" >"$TMP/start.out" 2>&1 || rc=$?
+[ "$rc" != 0 ] && grep -qF "cannot read $TMP/nokey/server-key.pem: No such file or directory" \
+    "$TMP/start.out" || fail "server key missing: exit $rc, $(cat "$TMP/start.out")"
+serve_tcp --tls=require --tls-certs "$TMP/good" "$TMP/disk.img"
+rc=0
+"$NBDFLOW" info "nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/nokey" \
+    >"$TMP/out" 2>"$TMP/err" || rc=$?
+[ "$rc" != 0 ] && grep -qF "cannot read $TMP/nokey/client-key.pem: No such file or directory" \
+    "$TMP/err" || fail "client key missing: exit $rc, $(cat "$TMP/err")"
+serve_stop
+note "ok: a missing key is named on both ends"
+
 # A client's unknown PSK user is named with its control bytes escaped:
 # the name comes from the URI.
 serve_tcp --tls=require --tls-psk "$TMP/keys.psk" "$TMP/disk.img"
