@@ -417,6 +417,14 @@ client_rx_chunk_end(struct client_conn *c)
       snprintf(r->errmsg, sizeof r->errmsg,
                "server's reply did not cover the whole read");
     }
+    /* A reply without error holds "exactly one status chunk" for each
+     * context we selected (§NBD_REPLY_TYPE_BLOCK_STATUS). */
+    if (r->err == 0 && r->type == NBD_CMD_BLOCK_STATUS && !r->status_seen) {
+      r->err = EPROTO;
+      snprintf(r->errmsg, sizeof r->errmsg,
+               "server's block status reply had no status for "
+               "base:allocation");
+    }
     client_complete(c, r, r->err);
   }
   return 0;
@@ -532,12 +540,18 @@ client_rx_status(struct client_conn *c, const uint8_t *p, size_t len,
   size_t n = (len - hdr) / each;
   if (ext && wire_get32(p + 4) != n)
     return client_proto(c, "block status descriptor count mismatch");
+  uint64_t sum = 0; /* of the extents so far, saturated */
   for (size_t i = 0; i < n; i++) {
     const uint8_t *d = p + hdr + i * each;
     uint64_t elen = ext ? wire_get64(d) : wire_get32(d);
     uint32_t flags = ext ? (uint32_t)wire_get64(d + 8) : wire_get32(d + 4);
     if (elen == 0)
       return client_proto(c, "zero-length extent");
+    /* Only the last extent may reach past the request's end: the first
+     * N-1 "MUST" add up to less than its length. */
+    if (sum >= r->length)
+      return client_proto(c, "block status extents run past the request");
+    sum = elen > UINT64_MAX - sum ? UINT64_MAX : sum + elen;
     if (r->nextents < r->max_extents)
       r->extents[r->nextents++] = (struct client_extent){ elen, flags };
     else

@@ -175,6 +175,25 @@ rc=0
 [ "$rc" -ne 0 ] || fail "info --map with two status chunks: exited 0"
 grep -q "block status at offset 0: .*two block status chunks" "$TMP/err" ||
     fail "info --map with two status chunks: $(cat "$TMP/err")"
+# A reply without our context's status, and extents past the request:
+# "exactly one status chunk" per context, and only the last extent may
+# reach past the end. Both fail the map and the copy, naming the fault.
+for mode in otherctx:"no status for base:allocation" \
+    pastend:"block status extents run past the request"; do
+    fake "${mode%%:*}"
+    for cmd in "info --map" copy; do
+        rc=0
+        # shellcheck disable=SC2086
+        "$NBDFLOW" $cmd "$URI" $([ "$cmd" = copy ] && echo "$TMP/out.img") \
+            >"$TMP/out" 2>"$TMP/err" || rc=$?
+        [ "$rc" -ne 0 ] || fail "${mode%%:*}: $cmd exited 0: $(cat "$TMP/out")"
+        grep -qF "${mode#*:}" "$TMP/err" ||
+            fail "${mode%%:*}: $cmd: $(cat "$TMP/err")"
+        [ "$(wc -l <"$TMP/err")" = 1 ] ||
+            fail "${mode%%:*}: $cmd: not one line: $(cat "$TMP/err")"
+        note "ok: ${mode%%:*}: $cmd: $(cat "$TMP/err")"
+    done
+done
 fake nostatus
 rc=0
 timeout 30 "$NBDFLOW" info --map --timeout 1 "$URI" >"$TMP/out" \

@@ -16,6 +16,10 @@ Modes (what READ replies and the handshake do):
   laterstatus BLOCK_STATUS at offset 0 describes 1001 bytes (data); any
               later one fails with EIO
   twostatus   BLOCK_STATUS answered by two chunks for the same context
+  otherctx    BLOCK_STATUS answered only by a chunk for context 2, which
+              was never selected: none for base:allocation (context 1)
+  pastend     BLOCK_STATUS answered by the request's length, then two
+              more extents of 4 KiB: the first two already cover it
   nostatus    BLOCK_STATUS never answered (the connection stays open)
   evilerror   READ fails with EIO and a message holding a newline and a
               terminal escape
@@ -255,6 +259,11 @@ def serve(s):
                 s.sendall(struct.pack(">IIQ", REPLY_SIMPLE, 5, cookie))
             elif typ == 7 and MODE == "metaerr":
                 s.sendall(struct.pack(">IIQ", REPLY_SIMPLE, 22, cookie))
+            elif typ == 7 and MODE == "otherctx":
+                chunk(s, 1, 5, cookie, struct.pack(">III", 2, n, 0))
+            elif typ == 7 and MODE == "pastend":
+                chunk(s, 1, 5, cookie, struct.pack(">IIIIIII", 1, n, 0,
+                                                   4096, 3, 4096, 0))
             elif typ == 7:  # BLOCK_STATUS: all data
                 short = MODE in ("shortstatus", "laterstatus")
                 k = min(n, 1001) if short else n
