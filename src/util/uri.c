@@ -238,7 +238,7 @@ uri_parse_param(const char *p, size_t len, struct nbd_uri *u, char *err,
   else if (klen == 12 && memcmp(p, "tls-psk-file", 12) == 0)
     slot = &u->tls_psk_file;
   else if (klen == 15 && memcmp(p, "tls-verify-peer", 15) == 0) {
-    bool ok = strcmp(val, "0") == 0 || strcmp(val, "1") == 0;
+    bool ok = dlen == 1 && (val[0] == '0' || val[0] == '1');
     u->tls_verify_peer = val[0] == '1';
     free(val);
     if (!ok)

@@ -152,6 +152,7 @@ main(void)
   expect_fail("nbd://host/a%00b", "NUL in export name");
   expect_fail("nbd://host/?frobnicate=1", "unknown query parameter");
   expect_fail("nbd://host/?tls-verify-peer=2", "bad tls-verify-peer");
+  expect_fail("nbd://host/?tls-verify-peer=1%00", "tls-verify-peer with a NUL");
   expect_fail("nbd+unix:///?socket=%00abstract", "abstract socket refused");
   expect_fail("nbd://host/e#frag", "fragment");
 
