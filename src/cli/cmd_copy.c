@@ -115,10 +115,11 @@ copy_parse_progress(const char *v, struct copy_opts *o)
               "descriptor number), not '%s'", v);
     return -1;
   }
-  if (fcntl((int)fd, F_GETFL) < 0 || fd <= STDIN_FILENO) {
+  int fl = fd > STDIN_FILENO ? fcntl((int)fd, F_GETFL) : -1;
+  if (fl < 0 || (fl & O_ACCMODE) == O_RDONLY) {
     log_error("--progress=%ld: %s", fd,
-              fd <= STDIN_FILENO ? "not a descriptor to write to"
-                                 : "no such open file descriptor");
+              fd > STDIN_FILENO && fl < 0 ? "no such open file descriptor"
+                                          : "not a descriptor to write to");
     return -1;
   }
   o->progress = COPY_PROGRESS_FD;

@@ -115,7 +115,12 @@ rc=0
 [ "$rc" = 2 ] && grep -q 'progress=9: no such open file descriptor' "$TMP/err" ||
     fail "--progress on a closed descriptor: exit $rc, $(cat "$TMP/err")"
 [ ! -e "$TMP/p2.img" ] || fail "a refused copy created its destination"
-note "ok: --progress=9 with no descriptor 9 is refused"
+rc=0
+"$NBDFLOW" copy --progress=3 "$TMP/src.img" "$TMP/p2.img" 3<"$TMP/src.img" \
+    2>"$TMP/err" || rc=$?
+[ "$rc" = 2 ] && grep -q 'progress=3: not a descriptor to write to' "$TMP/err" ||
+    fail "--progress on a read-only descriptor: exit $rc, $(cat "$TMP/err")"
+note "ok: --progress=9 with no descriptor 9, and a read-only 3, are refused"
 
 # --synchronous: one request in flight, one connection each side, into a
 # server that would take four (nbdkit memory advertises multi-conn).
