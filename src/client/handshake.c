@@ -345,10 +345,25 @@ hs_oldstyle(struct hs *h)
   return 0;
 }
 
+/* The TLS settings an nbds URI asks for. */
+static void
+hs_tls_config(const struct nbd_uri *u, struct tls_client_config *cfg)
+{
+  *cfg = (struct tls_client_config){
+    .certs_dir = u->tls_certificates,
+    .psk_file = u->tls_psk_file,
+    .anon = u->tls_type && strcmp(u->tls_type, "anon") == 0,
+    .username = u->user,
+    .hostname = u->tls_hostname ? u->tls_hostname
+                                : u->unix_socket ? NULL : u->host,
+    .verify_peer = u->tls_verify_peer != 0,
+  };
+}
+
 /* The TLS query parameters of an nbds URI, checked before connecting:
  * 0, or -errno with the reason in c->errmsg. */
 static int
-client_check_tls(struct client_conn *c, const struct nbd_uri *u)
+client_check_tls_params(struct client_conn *c, const struct nbd_uri *u)
 {
   const char *t = u->tls_type;
   if (!u->tls || t == NULL)
@@ -388,6 +403,23 @@ client_check_tls(struct client_conn *c, const struct nbd_uri *u)
   return -EINVAL;
 }
 
+/* The URI's TLS parameters agree, and its credentials load: a mistake of
+ * ours fails before we connect, not as a handshake the server sees cut. */
+static int
+client_check_tls(struct client_conn *c, const struct nbd_uri *u)
+{
+  int r = client_check_tls_params(c, u);
+  if (r < 0 || !u->tls)
+    return r;
+  struct tls_client_config cfg;
+  char err[sizeof c->errmsg - 32]; /* room for the prefix */
+  hs_tls_config(u, &cfg);
+  r = tls_client_check(&cfg, err, sizeof err);
+  if (r < 0)
+    snprintf(c->errmsg, sizeof c->errmsg, "TLS credentials: %s", err);
+  return r;
+}
+
 /* nbds URIs: STARTTLS, then the TLS handshake on the same fd. Any answer
  * but ACK ends the connection: falling back to plaintext is what a
  * man in the middle would want (§Protocol downgrade attacks). */
@@ -416,15 +448,8 @@ hs_starttls(struct hs *h)
     return hs_fail(h, -EPROTO,
                    "handshake: unexpected reply to STARTTLS: %s (0x%x)",
                    wire_rep_name(rep.type), rep.type);
-  struct tls_client_config cfg = {
-    .certs_dir = u->tls_certificates,
-    .psk_file = u->tls_psk_file,
-    .anon = anon,
-    .username = u->user,
-    .hostname = u->tls_hostname ? u->tls_hostname
-                                : u->unix_socket ? NULL : u->host,
-    .verify_peer = u->tls_verify_peer != 0,
-  };
+  struct tls_client_config cfg;
+  hs_tls_config(u, &cfg);
   r = tls_client_start(&h->c->tp, &cfg, hs_left(h), err, sizeof err);
   if (r < 0)
     return hs_fail(h, r, "TLS with the server failed: %s%s", err,

@@ -1096,6 +1096,19 @@ tls_is_ip(const char *s)
 }
 
 int
+tls_client_check(const struct tls_client_config *cfg, char *err,
+                 size_t errlen)
+{
+  /* The very loading tls_client_start does, on a session never used. */
+  struct tls_session *ts = tls_session_new(-1, GNUTLS_CLIENT, err, errlen);
+  if (ts == NULL)
+    return -ENOMEM;
+  int r = tls_client_creds(ts, cfg, err, errlen);
+  tls_session_free(ts);
+  return r;
+}
+
+int
 tls_client_start(struct transport *t, const struct tls_client_config *cfg,
                  int timeout_ms, char *err, size_t errlen)
 {

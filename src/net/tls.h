@@ -108,6 +108,12 @@ struct tls_client_config {
   bool verify_peer;      /* false: accept any server certificate */
 };
 
+/* Client side, before connecting: loads cfg's credentials as
+ * tls_client_start will, so that a missing file, key or PSK user fails
+ * here with the reason in err, not as a handshake the server sees cut. */
+int tls_client_check(const struct tls_client_config *cfg, char *err,
+                     size_t errlen);
+
 /* Client side: after the server's ACK to NBD_OPT_STARTTLS, installs the
  * TLS transport on t and completes the handshake, waiting with poll for
  * at most timeout_ms (-1: forever). Returns 0, or -errno with the reason in

@@ -72,6 +72,14 @@ for q in "tls-type=anon&tls-verify-peer=1" "tls-type=anon&tls-certificates=$TMP/
     info_fails "nbds://127.0.0.1:$nport/?$q" \
         "tls-type=anon authenticates no one: drop tls-\|tls-type=psk needs tls-psk-file\|tls-type=kerberos is not supported\|tls-type=x509 checks certificates: drop tls-psk-file"
 done
+# Credentials load before connecting: our own mistake is named as such
+# even with nothing listening, and no server sees a handshake cut short.
+info_fails "nbds://bob@127.0.0.1:$nport/?tls-psk-file=$TMP/psk/keys.psk" \
+    'TLS credentials: PSK file .* has no key for user "bob"'
+mkdir -p "$TMP/nokey"
+cp "$TMP/pki/ca-cert.pem" "$TMP/pki/client-cert.pem" "$TMP/nokey/"
+info_fails "nbds://127.0.0.1:$nport/?tls-certificates=$TMP/nokey" \
+    "TLS credentials: cannot read $TMP/nokey/client-key.pem: No such file"
 server_alive || fail "server died"
 serve_stop
 
