@@ -65,7 +65,6 @@ advertises multi-conn, accepts one connection and no other: its
 listener's queue is kept full, so later connects wait.
 """
 import os
-import socket
 import struct
 import sys
 import threading
@@ -307,21 +306,13 @@ def accept_once(ls):
 
 
 def main():
-    ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    ls.bind(PATH)
+    from unixserve import accept_loop, listen  # beside this file
+    ls = listen(PATH)
     if ACCEPT_ONCE:
         ls.listen(0)
         accept_once(ls)
         return
-    ls.listen(8)
-    ls.settimeout(60)
-    while True:
-        try:
-            c, _ = ls.accept()
-        except socket.timeout:
-            return
-        c.settimeout(60)
-        threading.Thread(target=serve, args=(c,), daemon=True).start()
+    accept_loop(ls, serve)
 
 
 main()

@@ -14,11 +14,9 @@ Modes:
               held back and go out in the same write as the first option
               reply (records keep their order: TLS numbers them)
 """
-import socket
 import ssl
 import struct
 import sys
-import threading
 
 PATH, PKI, MODE, SIZE = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 OPT_MAGIC = 0x3e889045565a9
@@ -148,17 +146,8 @@ def serve(s):
 
 
 def main():
-    ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    ls.bind(PATH)
-    ls.listen(8)
-    ls.settimeout(60)
-    while True:
-        try:
-            c, _ = ls.accept()
-        except socket.timeout:
-            return
-        c.settimeout(60)
-        threading.Thread(target=serve, args=(c,), daemon=True).start()
+    from unixserve import accept_loop, listen  # beside this file
+    accept_loop(listen(PATH), serve)
 
 
 main()
