@@ -1295,7 +1295,10 @@ eng_setup(struct engine *e)
    * feed in order. Zero detection then only sees holes. */
   e->send_file = e->dst && !o->no_zero_copy && !e->ordered &&
                  e->dst->can_send_file && e->src->file_fd >= 0 &&
-                 !e->src->sequential;
+                 !e->src->sequential &&
+                 /* --no-extents hides the holes: only looking at the
+                  * bytes finds the zeroes then */
+                 !(o->no_extents && !o->no_zero_detect);
   if (o->chunks) {
     e->chunk_state = XXH3_createState();
     if (e->chunk_state == NULL)

@@ -34,6 +34,21 @@ same "$TMP/src.img" "$TMP/read.img"
 used=$(du -k "$TMP/read.img" | cut -f1)
 [ "$used" -le 7300 ] || fail "--no-extents copy uses $used KiB, not ~7 MiB"
 note "ok: --no-extents copy is sparse ($used KiB)"
+# The same from a file into an NBD server (where a file's data could go
+# out with sendfile, which looks at no byte): the zeroes are still found
+# and go as zeroing, not as 9 MiB of WRITEs.
+kit "$TMP/mem.sock" memory 16M
+"$NBDFLOW" copy --json --no-extents "$TMP/src.img" "$(uri "$TMP/mem.sock")" \
+    >"$TMP/ne.json" || fail "copy --no-extents file -> nbd"
+python3 - "$TMP/ne.json" <<'PY' || fail "--no-extents file -> nbd: $(cat "$TMP/ne.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["bytes_copied"] == 7 << 20, d["bytes_copied"]
+assert d["bytes_zeroed"] + d["bytes_skipped"] == 9 << 20, d
+assert d["data_path"] == "buffer", d["data_path"]
+PY
+"$NBDFLOW" copy "$(uri "$TMP/mem.sock")" "$TMP/ne-back.img" || fail "read back"
+same "$TMP/src.img" "$TMP/ne-back.img"
 
 # -S 0: a data range holding zero blocks (written as data, so the file
 # has no hole there) is copied into a new file as it is, not made sparse.
