@@ -70,6 +70,8 @@ import sys
 import threading
 import time
 
+from unixserve import accept_loop, listen, recv_exact  # beside this file
+
 PATH, MODE, SIZE = sys.argv[1], sys.argv[2], int(sys.argv[3])
 PIECE = 4096
 MIN = int(os.environ.get("FAKE_MIN", "1"))
@@ -101,16 +103,6 @@ def pattern(off, n):
     if DISK is not None:
         return bytes(DISK[off:off + n])
     return bytes(((i * 7 + i // 4096) & 0xFF) for i in range(off, off + n))
-
-
-def recv_exact(s, n):
-    b = b""
-    while len(b) < n:
-        c = s.recv(n - len(b))
-        if not c:
-            raise EOFError
-        b += c
-    return b
 
 
 def opt_reply(s, opt, typ, data=b""):
@@ -306,7 +298,6 @@ def accept_once(ls):
 
 
 def main():
-    from unixserve import accept_loop, listen  # beside this file
     ls = listen(PATH)
     if ACCEPT_ONCE:
         ls.listen(0)

@@ -18,6 +18,8 @@ import ssl
 import struct
 import sys
 
+from unixserve import accept_loop, listen, recv_exact  # beside this file
+
 PATH, PKI, MODE, SIZE = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 OPT_MAGIC = 0x3e889045565a9
 REPLY_SIMPLE = 0x67446698
@@ -90,16 +92,6 @@ class Tls:
         self.s.sendall(held + self.out.read())
 
 
-def plain_recv(s, n):
-    buf = b""
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            raise EOFError
-        buf += chunk
-    return buf
-
-
 def rep(opt, typ, data=b""):
     return struct.pack(">QIII", OPT_MAGIC, opt, typ, len(data)) + data
 
@@ -108,9 +100,9 @@ def serve(s):
     try:
         s.sendall(struct.pack(">QQH", 0x4e42444d41474943, 0x49484156454F5054,
                               1))
-        plain_recv(s, 4)
-        _, opt, n = struct.unpack(">QII", plain_recv(s, 16))
-        plain_recv(s, n)
+        recv_exact(s, 4)
+        _, opt, n = struct.unpack(">QII", recv_exact(s, 16))
+        recv_exact(s, n)
         if opt != 5:  # STARTTLS first, or nothing
             s.sendall(rep(opt, (1 << 31) + 5))  # ERR_TLS_REQD
             return
@@ -146,7 +138,6 @@ def serve(s):
 
 
 def main():
-    from unixserve import accept_loop, listen  # beside this file
     accept_loop(listen(PATH), serve)
 
 

@@ -1,7 +1,7 @@
-"""unixserve.py: the accept loop of the test's fake servers (fakenbd.py,
-tlsfake.py): every connection on the Unix socket at PATH is handed to
-serve(sock) on a thread of its own; the loop ends after IDLE seconds
-without a new connection."""
+"""unixserve.py: what the test's fake servers (fakenbd.py, tlsfake.py)
+share: the accept loop, where every connection on the Unix socket at PATH
+is handed to serve(sock) on a thread of its own and the loop ends after
+IDLE seconds without a new connection; and reading exactly N bytes."""
 import socket
 import threading
 
@@ -22,3 +22,14 @@ def accept_loop(ls, serve, idle=60):
             return
         c.settimeout(idle)
         threading.Thread(target=serve, args=(c,), daemon=True).start()
+
+
+def recv_exact(s, n):
+    """n bytes from socket s; EOFError when the peer closes first."""
+    b = b""
+    while len(b) < n:
+        c = s.recv(n - len(b))
+        if not c:
+            raise EOFError
+        b += c
+    return b
