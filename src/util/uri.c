@@ -149,6 +149,27 @@ uri_ipv6_host(const char *s, size_t len)
   return host;
 }
 
+/* A host name (RFC 3986 reg-name), percent-decoded. NULL when it decodes
+ * to a byte no host name holds: a control byte, a space, or a delimiter
+ * of the URI itself (":/?#[]@"), as in "nbd://%3a/", which would
+ * otherwise reach the resolver as a name it could never mean. */
+static char *
+uri_reg_name(const char *s, size_t len)
+{
+  size_t n;
+  char *host = uri_decode(s, len, false, &n);
+  if (host == NULL)
+    return NULL;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char ch = (unsigned char)host[i];
+    if (ch <= 0x20 || ch == 0x7f || strchr(":/?#[]@%", ch) != NULL) {
+      free(host);
+      return NULL;
+    }
+  }
+  return host;
+}
+
 /* Splits the authority [userinfo@]host[:port] of length len. */
 static int
 uri_parse_authority(const char *a, size_t len, struct nbd_uri *u, char *err,
@@ -179,7 +200,7 @@ uri_parse_authority(const char *a, size_t len, struct nbd_uri *u, char *err,
     hend = memchr(a, ':', len);
     if (hend == NULL)
       hend = a + len;
-    u->host = uri_decode(a, (size_t)(hend - a), false, NULL);
+    u->host = uri_reg_name(a, (size_t)(hend - a));
     rest = hend;
   }
   if (u->host == NULL)

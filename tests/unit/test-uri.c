@@ -147,6 +147,14 @@ main(void)
   expect_fail("nbd://[]/", "bad IPv6 literal");
   expect_ok("nbd://[fe80::1%25eth%2D0]/", false, false, "fe80::1%eth-0",
             "10809", NULL, "");
+  /* A host name decodes to no delimiter, control byte or space. */
+  expect_fail("nbd://%3a/", "host decoding to ':'");
+  expect_fail("nbd://ho%2fst/", "host decoding to '/'");
+  expect_fail("nbd://ho%0ast/", "host decoding to a newline");
+  expect_fail("nbd://ho%20st/", "host decoding to a space");
+  expect_fail("nbd://ho%2540/", "host decoding to '%'");
+  expect_ok("nbd://ex%61mple.org:10810/e", false, false, "example.org",
+            "10810", NULL, "e");
   expect_fail("nbd://host/a%2", "truncated escape");
   expect_fail("nbd://host/a%zz", "bad escape");
   expect_fail("nbd://host/a%00b", "NUL in export name");
