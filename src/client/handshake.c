@@ -73,6 +73,12 @@ static int
 hs_recv(struct hs *h, void *buf, size_t len)
 {
   int r = transport_recv_all(&h->c->tp, buf, len, hs_left(h));
+  /* Under TLS 1.3 a server checks our certificate after our side of the
+   * TLS handshake is over, so its refusal arrives here, as an alert. */
+  const char *alert = r < 0 ? tls_peer_alert(&h->c->tp) : NULL;
+  if (alert != NULL)
+    return hs_fail(h, r, "handshake: the server ended the TLS session "
+                   "with a fatal alert: %s", alert);
   if (r < 0)
     return hs_fail(h, r, "handshake: %s",
                    r == -ECONNRESET ? "server closed the connection"

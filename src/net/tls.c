@@ -88,6 +88,9 @@ struct tls_session {
   gnutls_psk_client_credentials_t own_psk;
   gnutls_anon_client_credentials_t own_anon;
   gnutls_priority_t own_prio;
+  /* The fatal alert the peer ended the session with (GnuTLS's static
+   * name for it), or NULL: read by tls_peer_alert for error messages. */
+  const char *peer_alert;
 };
 
 static void
@@ -318,6 +321,8 @@ tls_recv_record(struct tls_session *ts, void *buf, size_t len)
     }
     if (!gnutls_error_is_fatal((int)n))
       continue;
+    if (n == GNUTLS_E_FATAL_ALERT_RECEIVED)
+      ts->peer_alert = gnutls_alert_get_name(gnutls_alert_get(ts->s));
     log_debug("TLS receive: %s", gnutls_strerror((int)n));
     return tls_errno((int)n);
   }
@@ -546,6 +551,14 @@ bool
 tls_is_tls(const struct transport *t)
 {
   return t->ops == &tls_ops;
+}
+
+const char *
+tls_peer_alert(const struct transport *t)
+{
+  if (!tls_is_tls(t) || t->priv == NULL)
+    return NULL;
+  return ((const struct tls_session *)t->priv)->peer_alert;
 }
 
 /* A session on fd, with our I/O functions; flags as gnutls_init's. */

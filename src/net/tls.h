@@ -95,6 +95,11 @@ void tls_describe(struct transport *t, char *buf, size_t len);
  * decisions. */
 bool tls_is_tls(const struct transport *t);
 
+/* The name of the fatal alert the peer ended t's TLS session with, once a
+ * receive has failed on it ("Certificate is required."); NULL when t is
+ * not TLS or no such alert came. Static storage. */
+const char *tls_peer_alert(const struct transport *t);
+
 struct tls_client_config {
   const char *certs_dir; /* X.509: ca-cert.pem, optional client-cert.pem
                           * and client-key.pem; NULL to use the system

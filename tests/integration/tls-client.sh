@@ -100,6 +100,24 @@ out=$("$NBDFLOW" info "nbds+unix:///?socket=$SOCK&tls-certificates=$TMP/pki" 2>&
 serve_stop
 note "ok: a client's certificate is refused as a server's"
 
+# A server that asks for a client certificate and gets none refuses it
+# with a TLS alert; under TLS 1.3 that alert arrives after our side of
+# the handshake is over, and the error names it instead of "Protocol error".
+mkdir -p "$TMP/caonly"
+cp "$TMP/pki/ca-cert.pem" "$TMP/caonly/"
+serve_tcp --tls=require --tls-certs "$TMP/pki" --tls-verify-peer "$TMP/dst.img"
+info_fails "nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/caonly" \
+    "the server ended the TLS session with a fatal alert: Certificate is required"
+rc=0
+"$NBDFLOW" copy "$TMP/src4.img" "nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/caonly" \
+    >"$TMP/out" 2>&1 || rc=$?
+[ "$rc" -ne 0 ] && grep -q "fatal alert: Certificate is required" "$TMP/out" ||
+    fail "copy without a client certificate (rc $rc): $(cat "$TMP/out")"
+info_ok=$("$NBDFLOW" info "nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/pki" 2>&1) ||
+    fail "with its certificate the client was refused: $info_ok"
+serve_stop
+note "ok: a refused client certificate is named as the server's alert"
+
 # ---- peers ----
 if command -v qemu-nbd >/dev/null 2>&1; then
     for kind in x509 psk anon; do
