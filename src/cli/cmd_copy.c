@@ -24,6 +24,8 @@ struct copy_args {
   bool verify, json;
   bool nagle, split_writes; /* diagnostics, for every NBD endpoint */
   bool synchronous;
+  unsigned conn_requests;  /* nbdcopy's -R: per connection; 0: unset */
+  uint64_t conn_queue;     /* nbdcopy's --queue-size: per connection */
   struct copy_opts o;
 };
 
@@ -63,6 +65,10 @@ copy_usage(FILE *f)
     "                         lines; --progress=FD writes \"N/100\" lines to\n"
     "                         file descriptor FD, as nbdcopy does\n"
     "  --synchronous          one request at a time on one connection\n"
+    "  -R, --requests N       nbdcopy's requests in flight per connection:\n"
+    "                         N x the connections a side starts with\n"
+    "  --queue-size SIZE      nbdcopy's bytes in flight per connection:\n"
+    "                         SIZE x the connections a side starts with\n"
     "  -T, --threads N        accepted for nbdcopy command lines; no effect\n"
     "  --json                 final report as JSON on stdout\n"
     "\nDiagnostic options (reproduce stock clients; slow on purpose):\n"
@@ -91,7 +97,7 @@ enum {
   OPT_CONNECTIONS = 256, OPT_REQUEST_SIZE, OPT_INFLIGHT, OPT_ALLOCATED,
   OPT_DST_IS_ZERO, OPT_FLUSH, OPT_NO_FLUSH, OPT_NO_EXTENTS, OPT_NO_ZERO_COPY,
   OPT_VERIFY, OPT_TIMEOUT, OPT_JSON, OPT_NAGLE, OPT_MAX_REQUESTS,
-  OPT_SPLIT_WRITES, OPT_SYNCHRONOUS,
+  OPT_SPLIT_WRITES, OPT_SYNCHRONOUS, OPT_QUEUE_SIZE,
 };
 
 /* --progress: nothing (a bar), "json", or nbdcopy's file descriptor. */
@@ -127,6 +133,47 @@ copy_parse_progress(const char *v, struct copy_opts *o)
   return 0;
 }
 
+/* Connections an endpoint starts with: -C, else what the server allows
+ * (4 with multi-conn, else 1); files and pipes count one. */
+static unsigned
+copy_start_connections(const struct copy_args *a, const struct endpoint *e)
+{
+  if (a->connections)
+    return a->connections;
+  return e->multi_conn ? ENDPOINT_AUTO_CONNECTIONS : 1;
+}
+
+/* nbdcopy counts -R and --queue-size per connection; our window is one
+ * for the whole copy. It gets N times the connections the copy starts
+ * with on its busier side, what nbdcopy would open; connections added
+ * later over TCP share that window. An explicit --max-requests or
+ * --inflight, our own totals, bounds it, and so does the largest window
+ * (COPY_INFLIGHT_MAX). */
+static void
+copy_per_connection(struct copy_args *a, const struct endpoint *src,
+                    const struct endpoint *dst)
+{
+  uint64_t conns = copy_start_connections(a, src);
+  if (copy_start_connections(a, dst) > conns)
+    conns = copy_start_connections(a, dst);
+  if (a->synchronous)
+    return; /* one request, one connection: nbdcopy's rule too */
+  if (a->conn_requests) {
+    uint64_t n = a->conn_requests * conns;
+    if (n > 65536)
+      n = 65536;
+    if (a->o.max_requests == 0 || n < a->o.max_requests)
+      a->o.max_requests = (unsigned)n;
+  }
+  if (a->conn_queue) {
+    uint64_t n = a->conn_queue > COPY_INFLIGHT_MAX / conns
+                     ? COPY_INFLIGHT_MAX
+                     : a->conn_queue * conns;
+    if (a->o.inflight == 0 || n < a->o.inflight)
+      a->o.inflight = n;
+  }
+}
+
 static int
 copy_parse(int argc, char **argv, struct copy_args *a)
 {
@@ -147,6 +194,8 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     { "progress", optional_argument, NULL, 'p' },
     { "json", no_argument, NULL, OPT_JSON },
     { "synchronous", no_argument, NULL, OPT_SYNCHRONOUS },
+    { "requests", required_argument, NULL, 'R' },
+    { "queue-size", required_argument, NULL, OPT_QUEUE_SIZE },
     { "threads", required_argument, NULL, 'T' },
     { "nagle", no_argument, NULL, OPT_NAGLE },
     { "max-requests", required_argument, NULL, OPT_MAX_REQUESTS },
@@ -158,7 +207,7 @@ copy_parse(int argc, char **argv, struct copy_args *a)
   uint64_t v;
   optind = 1;
   /* Short options as nbdcopy spells them. */
-  while ((ch = getopt_long(argc, argv, "hC:pS:T:", longopts, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "hC:pR:S:T:", longopts, NULL)) != -1) {
     switch (ch) {
     case 'C':
     case OPT_CONNECTIONS:
@@ -236,6 +285,17 @@ copy_parse(int argc, char **argv, struct copy_args *a)
         log_error("--threads: 0 to 1024, not '%s'", optarg);
         return 2;
       }
+      break;
+    case 'R':
+      if (size_parse(optarg, &v) < 0 || v == 0 || v > 65536) {
+        log_error("--requests: 1 to 65536, not '%s'", optarg);
+        return 2;
+      }
+      a->conn_requests = (unsigned)v;
+      break;
+    case OPT_QUEUE_SIZE:
+      if (copy_parse_size("--queue-size", optarg, &a->conn_queue) < 0)
+        return 2;
       break;
     case OPT_NAGLE:
       a->nagle = true;
@@ -487,6 +547,7 @@ cmd_copy(int argc, char **argv)
               (unsigned long long)s.src->size);
     goto out;
   }
+  copy_per_connection(&a, s.src, s.dst);
   if (a.verify)
     a.o.chunks = &chunks;
   if (copy_run(&s.env, s.src, s.dst, &a.o, &st, err, sizeof err) < 0) {

@@ -4,8 +4,9 @@
 # --no-extents reads a source whose map lies (nbdkit's extentlist filter
 # calls it all hole), -S 0 writes zero blocks inside data instead of
 # leaving holes, --progress=FD writes "N/100" lines ending at 100,
-# --synchronous keeps one request in flight on one connection, --flush and
-# -T are taken. Every copy is compared with its source.
+# --synchronous keeps one request in flight on one connection, -R and
+# --queue-size bound the requests and bytes in flight per connection,
+# --flush and -T are taken. Every copy is compared with its source.
 . "$(dirname "$0")/lib.sh"
 need nbdkit
 tmpdir_make
@@ -150,6 +151,63 @@ assert d["connections"]["destination"] == 1, d["connections"]
 PY
 "$NBDFLOW" copy "$(uri "$TMP/m.sock")" "$TMP/m.img" || fail "read back"
 same "$TMP/src.img" "$TMP/m.img"
+
+# -R and --queue-size are nbdcopy's limits per connection: the window
+# they give is N times the connections, and the copy keeps within it.
+# -R 2 -C 2: 4 requests in flight at most; --queue-size 512K -C 2 with
+# 128K requests: 1 MiB. Without -C, the 4 connections a copy starts with
+# against a multi-conn server: -R 3 allows 12; against a server without
+# multi-conn, one connection: 3.
+# window_json NAME ARGS...: copies src.img into m.sock with ARGS, reads it
+# back and compares; the JSON report is left in $TMP/NAME.json.
+window_json () {
+    local name=$1
+    shift
+    "$NBDFLOW" copy --json "$@" "$TMP/src.img" "$(uri "$TMP/m.sock")" \
+        >"$TMP/$name.json" || fail "copy $*"
+    "$NBDFLOW" copy "$(uri "$TMP/m.sock")" "$TMP/$name.img" ||
+        fail "read back after copy $*"
+    same "$TMP/src.img" "$TMP/$name.img"
+}
+window_json r2 -R 2 -C 2 --request-size 64K
+window_json q512 --queue-size 512K -C 2 --request-size 128K
+window_json r3 --requests=3 --request-size 64K
+window_json rmax -R 8 --max-requests 5 -C 2 --request-size 64K
+# A server without multi-conn gets one connection, and -R 3 means 3.
+kit "$TMP/single.sock" --filter=multi-conn memory 16M multi-conn-mode=disable
+"$NBDFLOW" copy --json -R 3 --request-size 64K "$TMP/src.img" \
+    "$(uri "$TMP/single.sock")" >"$TMP/single.json" || fail "copy -R 3 (one connection)"
+"$NBDFLOW" copy "$(uri "$TMP/single.sock")" "$TMP/single.img" ||
+    fail "read back the single-connection copy"
+same "$TMP/src.img" "$TMP/single.img"
+python3 - "$TMP" <<'PY' || fail "-R/--queue-size windows: $(cat "$TMP"/{r2,q512,r3,rmax,single}.json)"
+import json, sys
+d = {n: json.load(open("%s/%s.json" % (sys.argv[1], n)))
+     for n in ("r2", "q512", "r3", "rmax", "single")}
+assert d["r2"]["diagnostic"]["max_requests"] == 4, d["r2"]
+assert 1 <= d["r2"]["peak_depth"] <= 4, d["r2"]
+assert d["q512"]["window_bytes"] == 1 << 20, d["q512"]
+assert d["q512"]["peak_inflight_bytes"] <= 1 << 20, d["q512"]
+assert d["r3"]["diagnostic"]["max_requests"] == 12, d["r3"]
+assert d["r3"]["peak_depth"] <= 12, d["r3"]
+# our own total, when smaller, bounds nbdcopy's per-connection figure
+assert d["rmax"]["diagnostic"]["max_requests"] == 5, d["rmax"]
+assert d["rmax"]["peak_depth"] <= 5, d["rmax"]
+assert d["single"]["connections"]["destination"] == 1, d["single"]
+assert d["single"]["diagnostic"]["max_requests"] == 3, d["single"]
+assert d["single"]["peak_depth"] <= 3, d["single"]
+PY
+note "ok: -R and --queue-size bound the window per connection"
+for bad in "-R 0" "--requests=70000" "--queue-size 0" "--queue-size 1x"; do
+    rc=0
+    # shellcheck disable=SC2086
+    "$NBDFLOW" copy $bad "$TMP/src.img" "$TMP/bad.img" 2>"$TMP/err" || rc=$?
+    [ "$rc" = 2 ] && [ "$(wc -l <"$TMP/err")" = 1 ] &&
+        grep -q -- "--requests: 1 to 65536\|--queue-size: bad size" "$TMP/err" ||
+        fail "$bad: exit $rc, $(cat "$TMP/err")"
+    [ ! -e "$TMP/bad.img" ] || fail "$bad: a usage error created the destination"
+done
+note "ok: bad -R and --queue-size values are usage errors"
 
 # --flush and -T are taken (flushing is the default; one event loop does
 # the copying, whatever -T says).
