@@ -523,6 +523,7 @@ cmd_copy(int argc, char **argv)
   if (copy_session_open(&s) < 0)
     goto out;
   struct endpoint_opts so = { .write = false, .connections = a.connections,
+                              .no_extents = a.o.no_extents,
                               .nagle = a.nagle,
                               .split_writes = a.split_writes,
                               .timeout_s = a.o.timeout_s };

@@ -532,7 +532,7 @@ file_open(struct ep_env *env, const char *spec, const struct endpoint_opts *o,
   e->has_extents = S_ISREG(st.st_mode);
   if (!o->write)
     e->file_fd = p->fd; /* regular file or device: sendfile can read it */
-  if (!o->write && e->has_extents && e->size > 0)
+  if (!o->write && e->has_extents && e->size > 0 && !o->no_extents)
     file_prefetch_start(e);
   *out = e;
   return 0;

@@ -166,6 +166,8 @@ struct endpoint_opts {
   bool allocated;       /* file destination: write zero blocks too */
   bool dense;           /* file destination: data pieces are written whole,
                            zero blocks in them included */
+  bool no_extents;      /* file source: its extents will not be asked for
+                           (--no-extents), so none are looked up ahead */
   /* NBD, diagnostics (client_opts): Nagle on, header and payload in
    * separate writes. */
   bool nagle;

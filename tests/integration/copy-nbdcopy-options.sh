@@ -50,6 +50,26 @@ assert d["data_path"] == "buffer", d["data_path"]
 PY
 "$NBDFLOW" copy "$(uri "$TMP/mem.sock")" "$TMP/ne-back.img" || fail "read back"
 same "$TMP/src.img" "$TMP/ne-back.img"
+# Nor does --no-extents look the file's extents up at all: no SEEK_DATA
+# or SEEK_HOLE on it, where a plain copy asks (a control for the check).
+if command -v strace >/dev/null 2>&1 &&
+        strace -f -qq -o /dev/null true 2>/dev/null; then
+    for f in plain --no-extents; do
+        rm -f "$TMP/ne-$f.img"
+        ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
+            strace -f -qq -e trace=lseek -o "$TMP/lseek-$f.log" \
+            "$NBDFLOW" copy ${f#plain} "$TMP/src.img" "$TMP/ne-$f.img" ||
+            fail "copy $f under strace"
+        same "$TMP/src.img" "$TMP/ne-$f.img"
+    done
+    n_plain=$(grep -c 'SEEK_DATA\|SEEK_HOLE' "$TMP/lseek-plain.log" || true)
+    n_ne=$(grep -c 'SEEK_DATA\|SEEK_HOLE' "$TMP/lseek---no-extents.log" || true)
+    [ "$n_plain" -gt 0 ] && [ "$n_ne" = 0 ] ||
+        fail "extent lookups: $n_plain in a plain copy, $n_ne with --no-extents"
+    note "ok: --no-extents looks up no extents ($n_plain lookups without it)"
+else
+    note "skipped the extent-lookup count: strace cannot trace here"
+fi
 
 # -S 0: a data range holding zero blocks (written as data, so the file
 # has no hole there) is copied into a new file as it is, not made sparse.
