@@ -66,9 +66,11 @@ copy_usage(FILE *f)
     "                         file descriptor FD, as nbdcopy does\n"
     "  --synchronous          one request at a time on one connection\n"
     "  -R, --requests N       nbdcopy's requests in flight per connection:\n"
-    "                         N x the connections a side starts with\n"
+    "                         N x the connections, in all (-C, else 4; 1\n"
+    "                         when a server lacks multi-conn or no side\n"
+    "                         is NBD)\n"
     "  --queue-size SIZE      nbdcopy's bytes in flight per connection:\n"
-    "                         SIZE x the connections a side starts with\n"
+    "                         SIZE x the same count, in all\n"
     "  -T, --threads N        accepted for nbdcopy command lines; no effect\n"
     "  --json                 final report as JSON on stdout\n"
     "\nDiagnostic options (reproduce stock clients; slow on purpose):\n"
@@ -133,37 +135,30 @@ copy_parse_progress(const char *v, struct copy_opts *o)
   return 0;
 }
 
-/* Connections an endpoint starts with: -C, else what the server allows
- * (4 with multi-conn, else 1); files and pipes count one. */
-static unsigned
-copy_start_connections(const struct copy_args *a, const struct endpoint *e)
-{
-  if (a->connections)
-    return a->connections;
-  return e->multi_conn ? ENDPOINT_AUTO_CONNECTIONS : 1;
-}
-
-/* nbdcopy counts -R and --queue-size per connection; our window is one
- * for the whole copy. It gets N times the connections the copy starts
- * with on its busier side, what nbdcopy would open; connections added
- * later over TCP share that window. An explicit --max-requests or
- * --inflight, our own totals, bounds it, and so does the largest window
- * (COPY_INFLIGHT_MAX). */
+/* nbdcopy counts -R and --queue-size per connection and opens the same
+ * number on both sides: -C (default 4), or 1 when either NBD side lacks
+ * multi-conn. Our window is one for the whole copy, so it gets N times
+ * that count; a copy without an NBD side counts one. Connections added
+ * later over TCP share the window. An explicit --max-requests or
+ * --inflight, our own totals, bounds it when smaller, and so does the
+ * largest window (COPY_INFLIGHT_MAX). */
 static void
 copy_per_connection(struct copy_args *a, const struct endpoint *src,
                     const struct endpoint *dst)
 {
-  uint64_t conns = copy_start_connections(a, src);
-  if (copy_start_connections(a, dst) > conns)
-    conns = copy_start_connections(a, dst);
+  bool src_nbd = strcmp(src->ops->kind, "nbd") == 0;
+  bool dst_nbd = strcmp(dst->ops->kind, "nbd") == 0;
+  uint64_t conns = a->connections ? a->connections
+                                  : ENDPOINT_AUTO_CONNECTIONS;
+  if (!src_nbd && !dst_nbd)
+    conns = 1;
+  else if ((src_nbd && !src->multi_conn) || (dst_nbd && !dst->multi_conn))
+    conns = 1;
   if (a->synchronous)
     return; /* one request, one connection: nbdcopy's rule too */
   if (a->conn_requests) {
     uint64_t n = a->conn_requests * conns;
-    if (n > 65536)
-      n = 65536;
-    if (a->o.max_requests == 0 || n < a->o.max_requests)
-      a->o.max_requests = (unsigned)n;
+    a->o.request_limit = n > 65536 ? 65536 : (unsigned)n;
   }
   if (a->conn_queue) {
     uint64_t n = a->conn_queue > COPY_INFLIGHT_MAX / conns
@@ -287,7 +282,9 @@ copy_parse(int argc, char **argv, struct copy_args *a)
       }
       break;
     case 'R':
-      if (size_parse(optarg, &v) < 0 || v == 0 || v > 65536) {
+      /* a count: digits only, not a size such as 1K */
+      if (optarg[0] == '\0' || optarg[strspn(optarg, "0123456789")] != '\0' ||
+          size_parse(optarg, &v) < 0 || v == 0 || v > 65536) {
         log_error("--requests: 1 to 65536, not '%s'", optarg);
         return 2;
       }
@@ -409,7 +406,7 @@ copy_report_json(const struct copy_args *a, const struct copy_stats *st,
          "\"seconds\": %.3f, \"mib_per_s\": %.1f, \"requests\": %llu, "
          "\"connections\": {\"source\": %u, \"destination\": %u}, "
          "\"request_size\": %llu, \"opening_request\": %llu, "
-         "\"window_bytes\": %llu, "
+         "\"window_bytes\": %llu, \"request_limit\": %u, "
          "\"peak_inflight_bytes\": %llu, \"peak_depth\": %u, "
          "\"data_path\": \"%s\", \"verified\": %s, "
          "\"diagnostic\": {\"nagle\": %s, \"split_writes\": %s, "
@@ -420,7 +417,7 @@ copy_report_json(const struct copy_args *a, const struct copy_stats *st,
          (unsigned long long)st->requests, st->src_connections,
          st->dst_connections, (unsigned long long)st->request_size,
          (unsigned long long)st->opening_request,
-         (unsigned long long)st->window,
+         (unsigned long long)st->window, a->o.request_limit,
          (unsigned long long)st->peak_inflight, st->peak_depth,
          st->data_path ? st->data_path : "buffer", verified ? "true" : "false",
          a->nagle ? "true" : "false", a->split_writes ? "true" : "false",

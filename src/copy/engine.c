@@ -712,6 +712,8 @@ eng_issue_one(struct engine *e)
     return false;
   if (e->o->max_requests && e->active >= e->o->max_requests)
     return false;
+  if (e->o->request_limit && e->active >= e->o->request_limit)
+    return false;
   if (eng_plan(e, &len, &zero) != PLAN_OK)
     return false;
   if (zero) {

@@ -70,6 +70,8 @@ struct copy_opts {
                             sendfile */
   unsigned max_requests; /* data and zero requests in flight at most,
                             over all connections; 0: no limit */
+  unsigned request_limit; /* the same as a tuning limit (nbdcopy's -R),
+                             which keeps the opening request; 0: none */
   unsigned timeout_s;    /* an NBD endpoint with requests in flight that
                             answers none of them for this long fails the
                             copy with ETIMEDOUT; 0: wait forever */

@@ -172,53 +172,63 @@ PY
 "$NBDFLOW" copy "$(uri "$TMP/m.sock")" "$TMP/m.img" || fail "read back"
 same "$TMP/src.img" "$TMP/m.img"
 
-# -R and --queue-size are nbdcopy's limits per connection: the window
-# they give is N times the connections, and the copy keeps within it.
-# -R 2 -C 2: 4 requests in flight at most; --queue-size 512K -C 2 with
-# 128K requests: 1 MiB. Without -C, the 4 connections a copy starts with
-# against a multi-conn server: -R 3 allows 12; against a server without
-# multi-conn, one connection: 3.
-# window_json NAME ARGS...: copies src.img into m.sock with ARGS, reads it
-# back and compares; the JSON report is left in $TMP/NAME.json.
+# -R and --queue-size are nbdcopy's limits per connection. nbdcopy opens
+# -C connections (default 4) on both sides, or 1 when either NBD side lacks
+# multi-conn; the window they give is N times that, in all, and the copy
+# keeps within it. -R 2 -C 2: 4 requests; --queue-size 512K -C 2 with 128K
+# requests: 1 MiB; no -C into a multi-conn server: -R 3 allows 12; into or
+# out of a server without multi-conn: 3; file to file: 2 for -R 2. -R keeps
+# the opening request that --max-requests (a diagnostic) turns off.
+# window_json NAME SRC DST ARGS...: copies SRC to DST with ARGS, leaving the
+# JSON report in $TMP/NAME.json; then reads DST back and compares it with
+# src.img.
 window_json () {
-    local name=$1
-    shift
-    "$NBDFLOW" copy --json "$@" "$TMP/src.img" "$(uri "$TMP/m.sock")" \
-        >"$TMP/$name.json" || fail "copy $*"
-    "$NBDFLOW" copy "$(uri "$TMP/m.sock")" "$TMP/$name.img" ||
-        fail "read back after copy $*"
+    local name=$1 src=$2 dst=$3
+    shift 3
+    "$NBDFLOW" copy --json "$@" "$src" "$dst" >"$TMP/$name.json" ||
+        fail "copy $* $src $dst"
+    "$NBDFLOW" copy "$dst" "$TMP/$name.img" || fail "read back $dst"
     same "$TMP/src.img" "$TMP/$name.img"
 }
-window_json r2 -R 2 -C 2 --request-size 64K
-window_json q512 --queue-size 512K -C 2 --request-size 128K
-window_json r3 --requests=3 --request-size 64K
-window_json rmax -R 8 --max-requests 5 -C 2 --request-size 64K
-# A server without multi-conn gets one connection, and -R 3 means 3.
 kit "$TMP/single.sock" --filter=multi-conn memory 16M multi-conn-mode=disable
-"$NBDFLOW" copy --json -R 3 --request-size 64K "$TMP/src.img" \
-    "$(uri "$TMP/single.sock")" >"$TMP/single.json" || fail "copy -R 3 (one connection)"
-"$NBDFLOW" copy "$(uri "$TMP/single.sock")" "$TMP/single.img" ||
-    fail "read back the single-connection copy"
-same "$TMP/src.img" "$TMP/single.img"
-python3 - "$TMP" <<'PY' || fail "-R/--queue-size windows: $(cat "$TMP"/{r2,q512,r3,rmax,single}.json)"
+M=$(uri "$TMP/m.sock") S=$(uri "$TMP/single.sock")
+window_json r2 "$TMP/src.img" "$M" -R 2 -C 2 --request-size 64K
+window_json q512 "$TMP/src.img" "$M" --queue-size 512K -C 2 --request-size 128K
+window_json r3 "$TMP/src.img" "$M" --requests=3 --request-size 64K
+window_json rmax "$TMP/src.img" "$M" -R 8 --max-requests 5 -C 2 --request-size 64K
+window_json single "$TMP/src.img" "$S" -R 3 --request-size 64K
+window_json mixed "$M" "$S" -R 3 --request-size 64K
+window_json files "$TMP/src.img" "$TMP/files-dst.img" -R 2 --request-size 64K
+window_json plain "$TMP/src.img" "$M"
+window_json r64 "$TMP/src.img" "$M" -R 64
+python3 - "$TMP" <<'PY' || fail "-R/--queue-size windows: $(cat "$TMP"/{r2,q512,r3,rmax,single,mixed,files,plain,r64}.json)"
 import json, sys
 d = {n: json.load(open("%s/%s.json" % (sys.argv[1], n)))
-     for n in ("r2", "q512", "r3", "rmax", "single")}
-assert d["r2"]["diagnostic"]["max_requests"] == 4, d["r2"]
-assert 1 <= d["r2"]["peak_depth"] <= 4, d["r2"]
+     for n in ("r2", "q512", "r3", "rmax", "single", "mixed", "files",
+               "plain", "r64")}
+def limit(n, want):
+    assert d[n]["request_limit"] == want, (n, d[n])
+    assert 1 <= d[n]["peak_depth"] <= want, (n, d[n])
+limit("r2", 4)
 assert d["q512"]["window_bytes"] == 1 << 20, d["q512"]
 assert d["q512"]["peak_inflight_bytes"] <= 1 << 20, d["q512"]
-assert d["r3"]["diagnostic"]["max_requests"] == 12, d["r3"]
-assert d["r3"]["peak_depth"] <= 12, d["r3"]
+limit("r3", 12)
 # our own total, when smaller, bounds nbdcopy's per-connection figure
+assert d["rmax"]["request_limit"] == 16, d["rmax"]
 assert d["rmax"]["diagnostic"]["max_requests"] == 5, d["rmax"]
 assert d["rmax"]["peak_depth"] <= 5, d["rmax"]
+limit("single", 3)
 assert d["single"]["connections"]["destination"] == 1, d["single"]
-assert d["single"]["diagnostic"]["max_requests"] == 3, d["single"]
-assert d["single"]["peak_depth"] <= 3, d["single"]
+limit("mixed", 3)
+assert d["mixed"]["connections"]["destination"] == 1, d["mixed"]
+limit("files", 2)
+# -R is a tuning limit, not the diagnostic: the opening request stays
+assert d["plain"]["opening_request"] > 0, d["plain"]
+assert d["r64"]["opening_request"] == d["plain"]["opening_request"], d["r64"]
+assert d["r64"]["diagnostic"]["max_requests"] == 0, d["r64"]
 PY
 note "ok: -R and --queue-size bound the window per connection"
-for bad in "-R 0" "--requests=70000" "--queue-size 0" "--queue-size 1x"; do
+for bad in "-R 0" "--requests=70000" "-R 1K" "--queue-size 0" "--queue-size 1x"; do
     rc=0
     # shellcheck disable=SC2086
     "$NBDFLOW" copy $bad "$TMP/src.img" "$TMP/bad.img" 2>"$TMP/err" || rc=$?
