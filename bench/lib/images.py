@@ -35,8 +35,9 @@ STATE_TEXT = (
     "punched and allocated again, because this machine is a virtual machine "
     "whose balloon device reports freed memory to its host: a page that was "
     "freed and allocated again may cost a host fault on its first write, "
-    "and which arm met such pages was chance (a 2 GiB copy took 1.0-8.7 s "
-    "into punched and re-allocated pages, 1.3-1.4 s into rewritten ones).")
+    "and which arm met such pages was chance (in runs by hand, a 2 GiB copy "
+    "took 1.0-8.7 s into punched and re-allocated pages, 1.3-1.4 s into "
+    "rewritten ones).")
 
 SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -56,6 +57,8 @@ def data_extents(fd, size):
         try:
             start = os.lseek(fd, off, os.SEEK_DATA)
         except OSError:
+            break
+        if start >= size:
             break
         end = os.lseek(fd, start, os.SEEK_HOLE)
         out.append((start, min(end, size) - start))

@@ -151,7 +151,7 @@ uri_ipv6_host(const char *s, size_t len)
 
 /* A host name (RFC 3986 reg-name), percent-decoded. NULL when it decodes
  * to a byte no host name holds: a control byte, a space, or a delimiter
- * of the URI itself (":/?#[]@"), as in "nbd://%3a/", which would
+ * of the URI itself (":/?#[]@") or a '%', as in "nbd://%3a/", which would
  * otherwise reach the resolver as a name it could never mean. */
 static char *
 uri_reg_name(const char *s, size_t len)
