@@ -57,6 +57,10 @@ struct client_opts {
    * and payload in two separate writes, without MSG_MORE. */
   bool nagle;
   bool split_writes;
+  /* The URI's TLS credentials already loaded for an earlier connection
+   * to the same server: they are not loaded again as a check before
+   * connecting, only once for the handshake. */
+  bool tls_checked;
   /* Optional, called on the connecting thread: with each socket before
    * its connect starts, and with -1 before client_connect closes it or
    * returns, so that another thread may shutdown(2) it meanwhile (under

@@ -412,10 +412,10 @@ client_check_tls_params(struct client_conn *c, const struct nbd_uri *u)
 /* The URI's TLS parameters agree, and its credentials load: a mistake of
  * ours fails before we connect, not as a handshake the server sees cut. */
 static int
-client_check_tls(struct client_conn *c, const struct nbd_uri *u)
+client_check_tls(struct client_conn *c, const struct nbd_uri *u, bool loaded)
 {
   int r = client_check_tls_params(c, u);
-  if (r < 0 || !u->tls)
+  if (r < 0 || !u->tls || loaded)
     return r;
   struct tls_client_config cfg;
   char err[sizeof c->errmsg - 32]; /* room for the prefix */
@@ -639,7 +639,7 @@ client_connect(struct client_conn *c, const struct nbd_uri *u,
   struct hs h = { .c = c, .o = o, .u = u };
   if (o->timeout_ms >= 0)
     h.deadline = loop_now_ms() + (uint64_t)o->timeout_ms;
-  int r = client_check_tls(c, u);
+  int r = client_check_tls(c, u, o->tls_checked);
   if (r < 0)
     return r;
   r = client_open_socket(c, u, o); /* publishes the socket */

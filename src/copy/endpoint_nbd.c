@@ -705,6 +705,7 @@ nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
     snprintf(err, errlen, "%s: %s", e->name, p->slots[0].c.errmsg);
     return r;
   }
+  p->co.tls_checked = true; /* the later connections load them once */
   if (o->write && (p->slots[0].c.info.tflags & NBD_FLAG_READ_ONLY)) {
     snprintf(err, errlen, "%s: the export is read-only", e->name);
     return -EROFS; /* before any other connection is started */
