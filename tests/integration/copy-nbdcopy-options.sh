@@ -52,12 +52,10 @@ PY
 same "$TMP/src.img" "$TMP/ne-back.img"
 # Nor does --no-extents look the file's extents up at all: no SEEK_DATA
 # or SEEK_HOLE on it, where a plain copy asks (a control for the check).
-if command -v strace >/dev/null 2>&1 &&
-        strace -f -qq -o /dev/null true 2>/dev/null; then
+if can_strace; then
     for f in plain --no-extents; do
         rm -f "$TMP/ne-$f.img"
-        ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
-            strace -f -qq -e trace=lseek -o "$TMP/lseek-$f.log" \
+        traced -e trace=lseek -o "$TMP/lseek-$f.log" \
             "$NBDFLOW" copy ${f#plain} "$TMP/src.img" "$TMP/ne-$f.img" ||
             fail "copy $f under strace"
         same "$TMP/src.img" "$TMP/ne-$f.img"

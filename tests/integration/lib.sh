@@ -321,8 +321,21 @@ forget_pid () {
 need_strace () {
     need strace
     export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
-    strace -f -qq -o /dev/null true 2>/dev/null ||
-        skip "strace cannot trace here (ptrace not permitted)"
+    can_strace || skip "strace cannot trace here (ptrace not permitted)"
+}
+
+# can_strace: strace is installed and may trace here; for a test that
+# checks something under strace only where it can, and says so otherwise.
+can_strace () {
+    command -v strace >/dev/null 2>&1 &&
+        strace -f -qq -o /dev/null true 2>/dev/null
+}
+
+# traced ARGS...: strace -f -qq ARGS..., with LeakSanitizer off for the
+# traced program only (it cannot run under ptrace).
+traced () {
+    ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
+        strace -f -qq "$@"
 }
 
 # all_traced PID: every thread of PID has a tracer. strace -p attaches

@@ -46,14 +46,11 @@ copy_both 3 "nbds://alice@127.0.0.1:$PORT/?tls-psk-file=$TMP/psk/keys.psk" "$TMP
 # Credentials load once per connection, plus one check before the first:
 # nbdflow info (one connection) loads them twice, a copy over C connections
 # C + 1 times. Counted as opens of ca-cert.pem under strace, per load.
-if command -v strace >/dev/null 2>&1 &&
-        strace -f -qq -o /dev/null true 2>/dev/null; then
-    # LeakSanitizer cannot run under a tracer.
-    A="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+if can_strace; then
     X="nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/pki"
-    ASAN_OPTIONS=$A strace -f -qq -e trace=openat -o "$TMP/info.trace" \
-        "$NBDFLOW" info "$X" >/dev/null || fail "info under strace"
-    ASAN_OPTIONS=$A strace -f -qq -e trace=openat -o "$TMP/copy.trace" \
+    traced -e trace=openat -o "$TMP/info.trace" "$NBDFLOW" info "$X" \
+        >/dev/null || fail "info under strace"
+    traced -e trace=openat -o "$TMP/copy.trace" \
         "$NBDFLOW" copy --json "$TMP/src4.img" "$X" >"$TMP/loads.json" ||
         fail "copy under strace"
     same "$TMP/src4.img" "$TMP/dst.img"
