@@ -363,7 +363,8 @@ info_warn_dropped(const struct client_conn *c, const char *uri)
 /* --list: every listed export's details, each from a connection of its
  * own, as nbdinfo --list shows them. 0, or -1 after one line. */
 static int
-info_list_nbd(const struct info_args *a, const struct client_conn *first)
+info_list_nbd(const struct info_args *a, const struct client_conn *first,
+              const struct tls_client_creds *tls)
 {
   for (size_t i = 0; i < first->info.nexports; i++) {
     const char *name = first->info.exports[i];
@@ -380,7 +381,8 @@ info_list_nbd(const struct info_args *a, const struct client_conn *first)
                              .want_extended = true,
                              .want_structured = true,
                              .want_allocation = true,
-                             .timeout_ms = client_handshake_ms(a->timeout_s) };
+                             .timeout_ms = client_handshake_ms(a->timeout_s),
+                             .tls_creds = tls };
     struct client_conn c;
     int r = client_connect(&c, &u, &o);
     if (r < 0) {
@@ -400,20 +402,18 @@ info_list_nbd(const struct info_args *a, const struct client_conn *first)
   return 0;
 }
 
+/* The report of u, whose TLS credentials (NULL for a plain URI) every
+ * connection shares: 0, or -1 after one line. */
 static int
-info_nbd(const struct info_args *a)
+info_nbd_report(const struct info_args *a, const struct nbd_uri *u,
+                const struct tls_client_creds *tls)
 {
-  struct nbd_uri u;
-  char err[256];
-  if (uri_parse(a->target, &u, err, sizeof err) < 0) {
-    log_error("%s", err);
-    return 1;
-  }
-  struct client_opts o = { .export_name = u.export_name,
+  struct client_opts o = { .export_name = u->export_name,
                            .want_extended = true,
                            .want_structured = true,
                            .want_allocation = true,
-                           .timeout_ms = client_handshake_ms(a->timeout_s) };
+                           .timeout_ms = client_handshake_ms(a->timeout_s),
+                           .tls_creds = tls };
   struct client_conn c, lc;
   int r = 0;
   if (a->list) {
@@ -422,27 +422,24 @@ info_nbd(const struct info_args *a)
      * one that takes a single client at a time has it free again. */
     struct client_opts lo = o;
     lo.want_list = lo.list_only = true;
-    if (client_connect(&lc, &u, &lo) < 0) {
+    if (client_connect(&lc, u, &lo) < 0) {
       log_error("%s: %s", a->target, lc.errmsg);
-      uri_free(&u);
-      return 1;
+      return -1;
     }
     info_print_head(a->out, &lc, a->json);
     if (lc.info.nexports > 0) {
-      r = info_list_nbd(a, &lc);
+      r = info_list_nbd(a, &lc, tls);
       if (r == 0)
         info_print_tail(a->out, a->json);
       client_close(&lc);
-      uri_free(&u);
-      return r < 0 ? 1 : 0;
+      return r;
     }
     client_close(&lc); /* nothing listed: the URI's export alone */
   }
-  r = client_connect(&c, &u, &o);
+  r = client_connect(&c, u, &o);
   if (r < 0) {
     log_error("%s: %s", a->target, c.errmsg);
-    uri_free(&u);
-    return 1;
+    return -1;
   }
   info_warn_dropped(&c, a->target);
   if (a->map) {
@@ -454,6 +451,26 @@ info_nbd(const struct info_args *a)
     info_print_tail(a->out, a->json);
   }
   client_close(&c);
+  return r < 0 ? -1 : 0;
+}
+
+static int
+info_nbd(const struct info_args *a)
+{
+  struct nbd_uri u;
+  char err[256];
+  if (uri_parse(a->target, &u, err, sizeof err) < 0) {
+    log_error("%s", err);
+    return 1;
+  }
+  /* Loaded once, for the listing and every export's connection. */
+  struct tls_client_creds *tls;
+  int r = client_tls_load(&u, &tls, err, sizeof err);
+  if (r < 0)
+    log_error("%s: %s", a->target, err);
+  else
+    r = info_nbd_report(a, &u, tls);
+  tls_client_creds_free(tls);
   uri_free(&u);
   return r < 0 ? 1 : 0;
 }

@@ -31,6 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "net/tls.h"
 #include "net/transport.h"
 #include "proto/nbd.h"
 #include "util/uri.h"
@@ -57,10 +58,11 @@ struct client_opts {
    * and payload in two separate writes, without MSG_MORE. */
   bool nagle;
   bool split_writes;
-  /* The URI's TLS credentials already loaded for an earlier connection
-   * to the same server: they are not loaded again as a check before
-   * connecting, only once for the handshake. */
-  bool tls_checked;
+  /* For an nbds URI: its credentials from client_tls_load, shared by
+   * every connection given these options (the caller keeps them until
+   * the last is closed). NULL: client_connect loads the connection's
+   * own. */
+  const struct tls_client_creds *tls_creds;
   /* Optional, called on the connecting thread: with each socket before
    * its connect starts, and with -1 before client_connect closes it or
    * returns, so that another thread may shutdown(2) it meanwhile (under
@@ -183,6 +185,7 @@ struct client_conn {
   char errmsg[256];      /* why the handshake or the connection failed */
   int fatal;             /* sticky errno once the connection is dead */
   bool send_broken;      /* a send failed: reading what came, then dying */
+  struct tls_client_creds *own_tls; /* when client_opts gave none */
 
   /* Transmission state, private. */
   struct client_req **slots; /* in-flight requests indexed by cookie */
@@ -209,6 +212,13 @@ struct client_conn {
   uint8_t *scratch;       /* small payloads (status, errors), owned */
   size_t scratch_size;
 };
+
+/* For an nbds URI: checks that its TLS parameters agree and loads the
+ * credentials they name, before any connection, into *out (NULL for a
+ * plain URI). Returns 0, or -errno with a sentence in err. Free them with
+ * tls_client_creds_free. */
+int client_tls_load(const struct nbd_uri *u, struct tls_client_creds **out,
+                    char *err, size_t errlen);
 
 /* Connects to the URI and runs the handshake. Returns 0, or -errno with a
  * sentence in c->errmsg. On failure the connection is already closed. */

@@ -366,10 +366,10 @@ hs_tls_config(const struct nbd_uri *u, struct tls_client_config *cfg)
   };
 }
 
-/* The TLS query parameters of an nbds URI, checked before connecting:
- * 0, or -errno with the reason in c->errmsg. */
+/* The TLS query parameters of an nbds URI agree: 0, or -errno with the
+ * reason in err. */
 static int
-client_check_tls_params(struct client_conn *c, const struct nbd_uri *u)
+client_check_tls_params(const struct nbd_uri *u, char *err, size_t errlen)
 {
   const char *t = u->tls_type;
   if (!u->tls || t == NULL)
@@ -378,19 +378,18 @@ client_check_tls_params(struct client_conn *c, const struct nbd_uri *u)
     /* A PSK file would win, and no certificate would be checked. */
     if (u->tls_psk_file == NULL)
       return 0;
-    snprintf(c->errmsg, sizeof c->errmsg,
+    snprintf(err, errlen,
              "tls-type=x509 checks certificates: drop tls-psk-file");
     return -EINVAL;
   }
   if (strcmp(t, "psk") == 0) {
     if (u->tls_psk_file)
       return 0;
-    snprintf(c->errmsg, sizeof c->errmsg,
-             "tls-type=psk needs tls-psk-file=FILE");
+    snprintf(err, errlen, "tls-type=psk needs tls-psk-file=FILE");
     return -EINVAL;
   }
   if (strcmp(t, "anon") != 0) {
-    snprintf(c->errmsg, sizeof c->errmsg,
+    snprintf(err, errlen,
              "tls-type=%s is not supported (anon, x509 or psk)", t);
     return -ENOTSUP;
   }
@@ -404,25 +403,24 @@ client_check_tls_params(struct client_conn *c, const struct nbd_uri *u)
                                              : NULL;
   if (drop == NULL)
     return 0;
-  snprintf(c->errmsg, sizeof c->errmsg,
-           "tls-type=anon authenticates no one: drop %s", drop);
+  snprintf(err, errlen, "tls-type=anon authenticates no one: drop %s", drop);
   return -EINVAL;
 }
 
-/* The URI's TLS parameters agree, and its credentials load: a mistake of
- * ours fails before we connect, not as a handshake the server sees cut. */
-static int
-client_check_tls(struct client_conn *c, const struct nbd_uri *u, bool loaded)
+int
+client_tls_load(const struct nbd_uri *u, struct tls_client_creds **out,
+                char *err, size_t errlen)
 {
-  int r = client_check_tls_params(c, u);
-  if (r < 0 || !u->tls || loaded)
+  *out = NULL;
+  int r = client_check_tls_params(u, err, errlen);
+  if (r < 0 || !u->tls)
     return r;
   struct tls_client_config cfg;
-  char err[sizeof c->errmsg - 32]; /* room for the prefix */
+  char why[224]; /* room for the prefix */
   hs_tls_config(u, &cfg);
-  r = tls_client_check(&cfg, err, sizeof err);
+  r = tls_client_creds_new(&cfg, out, why, sizeof why);
   if (r < 0)
-    snprintf(c->errmsg, sizeof c->errmsg, "TLS credentials: %s", err);
+    snprintf(err, errlen, "TLS credentials: %s", why);
   return r;
 }
 
@@ -456,7 +454,9 @@ hs_starttls(struct hs *h)
                    wire_rep_name(rep.type), rep.type);
   struct tls_client_config cfg;
   hs_tls_config(u, &cfg);
-  r = tls_client_start(&h->c->tp, &cfg, hs_left(h), err, sizeof err);
+  const struct tls_client_creds *creds =
+      h->o->tls_creds ? h->o->tls_creds : h->c->own_tls;
+  r = tls_client_start(&h->c->tp, &cfg, creds, hs_left(h), err, sizeof err);
   if (r < 0)
     return hs_fail(h, r, "TLS with the server failed: %s%s", err,
                    anon ? " (does the server offer anonymous TLS?)" : "");
@@ -639,12 +639,17 @@ client_connect(struct client_conn *c, const struct nbd_uri *u,
   struct hs h = { .c = c, .o = o, .u = u };
   if (o->timeout_ms >= 0)
     h.deadline = loop_now_ms() + (uint64_t)o->timeout_ms;
-  int r = client_check_tls(c, u, o->tls_checked);
+  int r = 0;
+  if (u->tls && o->tls_creds == NULL)
+    r = client_tls_load(u, &c->own_tls, c->errmsg, sizeof c->errmsg);
   if (r < 0)
     return r;
   r = client_open_socket(c, u, o); /* publishes the socket */
-  if (r < 0)
+  if (r < 0) {
+    tls_client_creds_free(c->own_tls);
+    c->own_tls = NULL;
     return r;
+  }
   c->split_writes = o->split_writes;
   r = hs_run(&h);
   if (h.in_step && (r < 0 || o->list_only))

@@ -35,6 +35,7 @@ struct nbd_slot {
 struct nbd_priv {
   struct nbd_uri uri;
   struct client_opts co;  /* read by connecting threads */
+  struct tls_client_creds *tls; /* co.tls_creds: every connection's */
   unsigned n;             /* slots allocated (the most connections) */
   unsigned started;       /* slots in use: the first, plus jobs started */
   struct nbd_slot *slots;
@@ -374,6 +375,7 @@ nbd_close(struct endpoint *e)
   free(p->jobs);
   free(p->slots);
   free(p->flush_reqs);
+  tls_client_creds_free(p->tls); /* after every session that used them */
   uri_free(&p->uri);
   free(p);
 }
@@ -699,13 +701,19 @@ nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
                                 .timeout_ms = client_handshake_ms(o->timeout_s),
                                 .nagle = o->nagle,
                                 .split_writes = o->split_writes };
+  char why[256];
+  int r = client_tls_load(&p->uri, &p->tls, why, sizeof why);
+  if (r < 0) {
+    snprintf(err, errlen, "%s: %s", e->name, why);
+    return r;
+  }
+  p->co.tls_creds = p->tls;
   p->slots[0].e = e;
-  int r = client_connect(&p->slots[0].c, &p->uri, &p->co);
+  r = client_connect(&p->slots[0].c, &p->uri, &p->co);
   if (r < 0) {
     snprintf(err, errlen, "%s: %s", e->name, p->slots[0].c.errmsg);
     return r;
   }
-  p->co.tls_checked = true; /* the later connections load them once */
   if (o->write && (p->slots[0].c.info.tflags & NBD_FLAG_READ_ONLY)) {
     snprintf(err, errlen, "%s: the export is read-only", e->name);
     return -EROFS; /* before any other connection is started */

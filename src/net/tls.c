@@ -44,6 +44,15 @@ struct tls_creds {
   bool verify_peer;
 };
 
+/* A client's credentials for one server: loaded once, then shared,
+ * read-only, by the sessions of every connection to it. */
+struct tls_client_creds {
+  gnutls_certificate_credentials_t x509; /* exactly one of the three */
+  gnutls_psk_client_credentials_t psk;
+  gnutls_anon_client_credentials_t anon;
+  gnutls_priority_t prio;
+};
+
 /* Socket-side buffers (bytes of records, never plaintext). The receive
  * buffer lets one recv(2) serve many records, where GnuTLS alone would
  * read each record with two (header, then body); the send buffer lets one
@@ -83,11 +92,6 @@ struct tls_session {
    * counts them as sent; flush completes them. */
   uint8_t *tx;
   size_t tx_off, tx_len;
-  /* Client sessions own their credentials; server ones borrow. */
-  gnutls_certificate_credentials_t own_x509;
-  gnutls_psk_client_credentials_t own_psk;
-  gnutls_anon_client_credentials_t own_anon;
-  gnutls_priority_t own_prio;
   /* The fatal alert the peer ended the session with (GnuTLS's static
    * name for it), or NULL: read by tls_peer_alert for error messages. */
   const char *peer_alert;
@@ -517,14 +521,6 @@ tls_session_free(struct tls_session *ts)
 {
   if (ts->s)
     gnutls_deinit(ts->s);
-  if (ts->own_x509)
-    gnutls_certificate_free_credentials(ts->own_x509);
-  if (ts->own_psk)
-    gnutls_psk_free_client_credentials(ts->own_psk);
-  if (ts->own_anon)
-    gnutls_anon_free_client_credentials(ts->own_anon);
-  if (ts->own_prio)
-    gnutls_priority_deinit(ts->own_prio);
   free(ts->rx);
   free(ts->tx);
   free(ts);
@@ -984,119 +980,157 @@ tls_psk_find(const char *file, const char *user, char **key, char *err,
   return r;
 }
 
+/* X.509: the CA to check the server with (or the system's, or none
+ * when nothing is checked), and a client certificate when the directory
+ * has one. */
 static int
-tls_client_creds(struct tls_session *ts, const struct tls_client_config *cfg,
-                 char *err, size_t errlen)
+tls_client_load_x509(gnutls_certificate_credentials_t x509,
+                     const struct tls_client_config *cfg, char *err,
+                     size_t errlen)
 {
   int r;
-  if (cfg->anon) {
-    r = gnutls_anon_allocate_client_credentials(&ts->own_anon);
-    if (r >= 0)
-      r = gnutls_credentials_set(ts->s, GNUTLS_CRD_ANON, ts->own_anon);
-    if (r < 0) {
-      tls_err(err, errlen, "GnuTLS: %s", gnutls_strerror(r));
-      return -ENOMEM;
-    }
-    return 0;
-  }
-  if (cfg->psk_file) {
-    const char *user = cfg->username;
-    if (user == NULL)
-      user = getenv("LOGNAME");
-    if (user == NULL)
-      user = getlogin();
-    if (user == NULL) {
-      tls_err(err, errlen, "no PSK username (put it in the URI: "
-              "nbds://USER@HOST/)");
-      return -EINVAL;
-    }
-    char *hex = NULL;
-    r = tls_psk_find(cfg->psk_file, user, &hex, err, errlen);
-    if (r < 0)
-      return r;
-    gnutls_datum_t key = { (unsigned char *)hex, (unsigned)strlen(hex) };
-    r = gnutls_psk_allocate_client_credentials(&ts->own_psk);
-    if (r >= 0)
-      r = gnutls_psk_set_client_credentials(ts->own_psk, user, &key,
-                                            GNUTLS_PSK_KEY_HEX);
-    explicit_bzero(hex, strlen(hex));
-    free(hex);
-    if (r >= 0)
-      r = gnutls_credentials_set(ts->s, GNUTLS_CRD_PSK, ts->own_psk);
-    ts->psk = true;
-    if (r < 0) {
-      tls_err(err, errlen, "PSK file %s: %s", cfg->psk_file,
-              gnutls_strerror(r));
-      return -EINVAL;
-    }
-    return 0;
-  }
-
-  r = gnutls_certificate_allocate_credentials(&ts->own_x509);
-  if (r < 0) {
-    ts->own_x509 = NULL;
-    tls_err(err, errlen, "GnuTLS: %s", gnutls_strerror(r));
-    return -ENOMEM;
-  }
-  if (cfg->certs_dir) {
-    char *ca = tls_path(cfg->certs_dir, TLS_CA_CERT);
-    char *cert = tls_path(cfg->certs_dir, TLS_CLIENT_CERT);
-    char *key = tls_path(cfg->certs_dir, TLS_CLIENT_KEY);
-    r = -ENOMEM;
-    if (ca && cert && key) {
-      r = tls_readable(ca);
-      if (r < 0 && r != -ENOENT)
-        tls_err(err, errlen, "cannot read CA certificate %s: %s", ca,
-                strerror(-r));
-      else if (r == 0) {
-        int n = gnutls_certificate_set_x509_trust_file(ts->own_x509, ca,
-                                                       GNUTLS_X509_FMT_PEM);
-        if (n <= 0) {
-          tls_err(err, errlen, "cannot load CA certificate %s: %s", ca,
-                  n < 0 ? gnutls_strerror(n) : "no certificate in it");
-          r = -EINVAL;
-        }
-      } else if (cfg->verify_peer) {
-        tls_err(err, errlen, "no %s to verify the server with", ca);
-      } else {
-        r = 0;
-      }
-      /* A client certificate is optional; its key is not, once it is
-       * there. */
-      if (r == 0 && tls_readable(cert) != -ENOENT &&
-          (r = tls_pair_readable(cert, key, err, errlen)) == 0) {
-        int n = gnutls_certificate_set_x509_key_file(ts->own_x509, cert, key,
-                                                     GNUTLS_X509_FMT_PEM);
-        if (n < 0) {
-          tls_err(err, errlen, "cannot load %s with key %s: %s", cert, key,
-                  gnutls_strerror(n));
-          r = -EINVAL;
-        }
-      }
-    } else {
-      tls_err(err, errlen, "out of memory");
-    }
-    free(ca);
-    free(cert);
-    free(key);
-    if (r < 0)
-      return r;
-  } else if (cfg->verify_peer) {
-    r = gnutls_certificate_set_x509_system_trust(ts->own_x509);
+  if (cfg->certs_dir == NULL) {
+    if (!cfg->verify_peer)
+      return 0;
+    r = gnutls_certificate_set_x509_system_trust(x509);
     if (r <= 0) {
       tls_err(err, errlen, "no system CA certificates to verify the server "
               "with (give tls-certificates=DIR)");
       return -ENOENT;
     }
+    return 0;
   }
-  r = gnutls_credentials_set(ts->s, GNUTLS_CRD_CERTIFICATE, ts->own_x509);
+  char *ca = tls_path(cfg->certs_dir, TLS_CA_CERT);
+  char *cert = tls_path(cfg->certs_dir, TLS_CLIENT_CERT);
+  char *key = tls_path(cfg->certs_dir, TLS_CLIENT_KEY);
+  r = -ENOMEM;
+  if (ca && cert && key) {
+    r = tls_readable(ca);
+    if (r < 0 && r != -ENOENT)
+      tls_err(err, errlen, "cannot read CA certificate %s: %s", ca,
+              strerror(-r));
+    else if (r == 0) {
+      int n = gnutls_certificate_set_x509_trust_file(x509, ca,
+                                                     GNUTLS_X509_FMT_PEM);
+      if (n <= 0) {
+        tls_err(err, errlen, "cannot load CA certificate %s: %s", ca,
+                n < 0 ? gnutls_strerror(n) : "no certificate in it");
+        r = -EINVAL;
+      }
+    } else if (cfg->verify_peer) {
+      tls_err(err, errlen, "no %s to verify the server with", ca);
+    } else {
+      r = 0;
+    }
+    /* A client certificate is optional; its key is not, once it is
+     * there. */
+    if (r == 0 && tls_readable(cert) != -ENOENT &&
+        (r = tls_pair_readable(cert, key, err, errlen)) == 0) {
+      int n = gnutls_certificate_set_x509_key_file(x509, cert, key,
+                                                   GNUTLS_X509_FMT_PEM);
+      if (n < 0) {
+        tls_err(err, errlen, "cannot load %s with key %s: %s", cert, key,
+                gnutls_strerror(n));
+        r = -EINVAL;
+      }
+    }
+  } else {
+    tls_err(err, errlen, "out of memory");
+  }
+  free(ca);
+  free(cert);
+  free(key);
+  return r;
+}
+
+/* PSK: the user's key from the psktool file. */
+static int
+tls_client_load_psk(gnutls_psk_client_credentials_t psk,
+                    const struct tls_client_config *cfg, char *err,
+                    size_t errlen)
+{
+  const char *user = cfg->username;
+  if (user == NULL)
+    user = getenv("LOGNAME");
+  if (user == NULL)
+    user = getlogin();
+  if (user == NULL) {
+    tls_err(err, errlen, "no PSK username (put it in the URI: "
+            "nbds://USER@HOST/)");
+    return -EINVAL;
+  }
+  char *hex = NULL;
+  int r = tls_psk_find(cfg->psk_file, user, &hex, err, errlen);
+  if (r < 0)
+    return r;
+  gnutls_datum_t key = { (unsigned char *)hex, (unsigned)strlen(hex) };
+  r = gnutls_psk_set_client_credentials(psk, user, &key, GNUTLS_PSK_KEY_HEX);
+  explicit_bzero(hex, strlen(hex));
+  free(hex);
   if (r < 0) {
-    tls_err(err, errlen, "GnuTLS: %s", gnutls_strerror(r));
-    return -EPROTO;
+    tls_err(err, errlen, "PSK file %s: %s", cfg->psk_file,
+            gnutls_strerror(r));
+    return -EINVAL;
   }
-  if (cfg->verify_peer)
-    tls_verify_as(ts, GNUTLS_KP_TLS_WWW_SERVER, cfg->hostname);
   return 0;
+}
+
+int
+tls_client_creds_new(const struct tls_client_config *cfg,
+                     struct tls_client_creds **out, char *err, size_t errlen)
+{
+  struct tls_client_creds *c = calloc(1, sizeof *c);
+  int r;
+
+  if (errlen)
+    err[0] = '\0';
+  if (c == NULL) {
+    tls_err(err, errlen, "out of memory");
+    return -ENOMEM;
+  }
+  if (cfg->anon)
+    r = gnutls_anon_allocate_client_credentials(&c->anon);
+  else if (cfg->psk_file)
+    r = gnutls_psk_allocate_client_credentials(&c->psk);
+  else
+    r = gnutls_certificate_allocate_credentials(&c->x509);
+  if (r < 0) {
+    c->anon = NULL;
+    c->psk = NULL;
+    c->x509 = NULL;
+    tls_err(err, errlen, "GnuTLS: %s", gnutls_strerror(r));
+    r = -ENOMEM;
+    goto fail;
+  }
+  r = c->psk    ? tls_client_load_psk(c->psk, cfg, err, errlen)
+      : c->x509 ? tls_client_load_x509(c->x509, cfg, err, errlen)
+                : 0;
+  if (r < 0)
+    goto fail;
+  r = tls_priority(&c->prio, cfg->psk_file != NULL, cfg->anon, err, errlen);
+  if (r < 0)
+    goto fail;
+  *out = c;
+  return 0;
+fail:
+  tls_client_creds_free(c);
+  return r;
+}
+
+void
+tls_client_creds_free(struct tls_client_creds *c)
+{
+  if (c == NULL)
+    return;
+  if (c->x509)
+    gnutls_certificate_free_credentials(c->x509);
+  if (c->psk)
+    gnutls_psk_free_client_credentials(c->psk);
+  if (c->anon)
+    gnutls_anon_free_client_credentials(c->anon);
+  if (c->prio)
+    gnutls_priority_deinit(c->prio);
+  free(c);
 }
 
 /* True when s is an IP literal (no SNI for those, RFC 6066). */
@@ -1109,21 +1143,9 @@ tls_is_ip(const char *s)
 }
 
 int
-tls_client_check(const struct tls_client_config *cfg, char *err,
-                 size_t errlen)
-{
-  /* The very loading tls_client_start does, on a session never used. */
-  struct tls_session *ts = tls_session_new(-1, GNUTLS_CLIENT, err, errlen);
-  if (ts == NULL)
-    return -ENOMEM;
-  int r = tls_client_creds(ts, cfg, err, errlen);
-  tls_session_free(ts);
-  return r;
-}
-
-int
 tls_client_start(struct transport *t, const struct tls_client_config *cfg,
-                 int timeout_ms, char *err, size_t errlen)
+                 const struct tls_client_creds *creds, int timeout_ms,
+                 char *err, size_t errlen)
 {
   uint64_t deadline = timeout_ms < 0 ? 0 : loop_now_ms() + (uint64_t)timeout_ms;
   struct tls_session *ts = tls_session_new(t->fd, GNUTLS_CLIENT, err, errlen);
@@ -1131,18 +1153,27 @@ tls_client_start(struct transport *t, const struct tls_client_config *cfg,
 
   if (ts == NULL)
     return -ENOMEM;
-  r = tls_priority(&ts->own_prio, cfg->psk_file != NULL, cfg->anon, err,
-                   errlen);
-  if (r < 0)
+  r = gnutls_priority_set(ts->s, creds->prio);
+  if (r >= 0)
+    r = creds->anon ? gnutls_credentials_set(ts->s, GNUTLS_CRD_ANON,
+                                             creds->anon)
+        : creds->psk ? gnutls_credentials_set(ts->s, GNUTLS_CRD_PSK,
+                                              creds->psk)
+                     : gnutls_credentials_set(ts->s, GNUTLS_CRD_CERTIFICATE,
+                                              creds->x509);
+  if (r < 0) {
+    tls_err(err, errlen, "GnuTLS: %s", gnutls_strerror(r));
+    r = -EPROTO;
     goto fail;
-  gnutls_priority_set(ts->s, ts->own_prio);
-  r = tls_client_creds(ts, cfg, err, errlen);
-  if (r < 0)
-    goto fail;
-  if (cfg->hostname && !cfg->psk_file && !cfg->anon &&
-      !tls_is_ip(cfg->hostname))
-    gnutls_server_name_set(ts->s, GNUTLS_NAME_DNS, cfg->hostname,
-                           strlen(cfg->hostname));
+  }
+  ts->psk = creds->psk != NULL;
+  if (creds->x509) {
+    if (cfg->verify_peer)
+      tls_verify_as(ts, GNUTLS_KP_TLS_WWW_SERVER, cfg->hostname);
+    if (cfg->hostname && !tls_is_ip(cfg->hostname))
+      gnutls_server_name_set(ts->s, GNUTLS_NAME_DNS, cfg->hostname,
+                             strlen(cfg->hostname));
+  }
 
   struct transport tt = { .ops = &tls_ops, .fd = t->fd, .priv = ts };
   for (;;) {

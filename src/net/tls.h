@@ -113,18 +113,26 @@ struct tls_client_config {
   bool verify_peer;      /* false: accept any server certificate */
 };
 
-/* Client side, before connecting: loads cfg's credentials as
- * tls_client_start will, so that a missing file, key or PSK user fails
- * here with the reason in err, not as a handshake the server sees cut. */
-int tls_client_check(const struct tls_client_config *cfg, char *err,
-                     size_t errlen);
+/* Client side: a client's credentials for one server, as cfg gives them
+ * (its username, too, for PSK), loaded before connecting, so that a
+ * missing file, key or PSK user fails here with the reason in err, not
+ * as a handshake the server sees cut. Read-only once loaded: the
+ * connections to that server share them, from any thread. */
+struct tls_client_creds;
+int tls_client_creds_new(const struct tls_client_config *cfg,
+                         struct tls_client_creds **out, char *err,
+                         size_t errlen);
+void tls_client_creds_free(struct tls_client_creds *creds);
 
 /* Client side: after the server's ACK to NBD_OPT_STARTTLS, installs the
  * TLS transport on t and completes the handshake, waiting with poll for
- * at most timeout_ms (-1: forever). Returns 0, or -errno with the reason in
- * err; on failure the caller must close the connection (there is no going
- * back to plaintext) and t is left as it was. */
+ * at most timeout_ms (-1: forever). creds, loaded from the same cfg, must
+ * outlive the transport; cfg gives the name to check. Returns 0, or
+ * -errno with the reason in err; on failure the caller must close the
+ * connection (there is no going back to plaintext) and t is left as it
+ * was. */
 int tls_client_start(struct transport *t, const struct tls_client_config *cfg,
-                     int timeout_ms, char *err, size_t errlen);
+                     const struct tls_client_creds *creds, int timeout_ms,
+                     char *err, size_t errlen);
 
 #endif
