@@ -58,10 +58,9 @@ struct client_opts {
    * and payload in two separate writes, without MSG_MORE. */
   bool nagle;
   bool split_writes;
-  /* For an nbds URI: its credentials from client_tls_load, shared by
-   * every connection given these options (the caller keeps them until
-   * the last is closed). NULL: client_connect loads the connection's
-   * own. */
+  /* For an nbds URI, required: its credentials from client_tls_load,
+   * shared by every connection given these options (the caller keeps
+   * them until the last is closed). */
   const struct tls_client_creds *tls_creds;
   /* Optional, called on the connecting thread: with each socket before
    * its connect starts, and with -1 before client_connect closes it or
@@ -185,7 +184,6 @@ struct client_conn {
   char errmsg[256];      /* why the handshake or the connection failed */
   int fatal;             /* sticky errno once the connection is dead */
   bool send_broken;      /* a send failed: reading what came, then dying */
-  struct tls_client_creds *own_tls; /* when client_opts gave none */
 
   /* Transmission state, private. */
   struct client_req **slots; /* in-flight requests indexed by cookie */

@@ -454,9 +454,8 @@ hs_starttls(struct hs *h)
                    wire_rep_name(rep.type), rep.type);
   struct tls_client_config cfg;
   hs_tls_config(u, &cfg);
-  const struct tls_client_creds *creds =
-      h->o->tls_creds ? h->o->tls_creds : h->c->own_tls;
-  r = tls_client_start(&h->c->tp, &cfg, creds, hs_left(h), err, sizeof err);
+  r = tls_client_start(&h->c->tp, &cfg, h->o->tls_creds, hs_left(h), err,
+                       sizeof err);
   if (r < 0)
     return hs_fail(h, r, "TLS with the server failed: %s%s", err,
                    anon ? " (does the server offer anonymous TLS?)" : "");
@@ -639,17 +638,13 @@ client_connect(struct client_conn *c, const struct nbd_uri *u,
   struct hs h = { .c = c, .o = o, .u = u };
   if (o->timeout_ms >= 0)
     h.deadline = loop_now_ms() + (uint64_t)o->timeout_ms;
-  int r = 0;
-  if (u->tls && o->tls_creds == NULL)
-    r = client_tls_load(u, &c->own_tls, c->errmsg, sizeof c->errmsg);
+  if (u->tls && o->tls_creds == NULL) { /* the caller's client_tls_load */
+    snprintf(c->errmsg, sizeof c->errmsg, "no TLS credentials loaded");
+    return -EINVAL;
+  }
+  int r = client_open_socket(c, u, o); /* publishes the socket */
   if (r < 0)
     return r;
-  r = client_open_socket(c, u, o); /* publishes the socket */
-  if (r < 0) {
-    tls_client_creds_free(c->own_tls);
-    c->own_tls = NULL;
-    return r;
-  }
   c->split_writes = o->split_writes;
   r = hs_run(&h);
   if (h.in_step && (r < 0 || o->list_only))

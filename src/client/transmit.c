@@ -900,7 +900,6 @@ client_close(struct client_conn *c)
     transport_send_buf(&c->tp, hdr, len, 0, 1000);
   }
   client_drop_socket(c);
-  tls_client_creds_free(c->own_tls); /* after the session that used them */
   for (size_t i = 0; i < c->info.nexports; i++)
     free(c->info.exports[i]);
   free(c->info.exports);
