@@ -364,7 +364,7 @@ info_warn_dropped(const struct client_conn *c, const char *uri)
  * own, as nbdinfo --list shows them. 0, or -1 after one line. */
 static int
 info_list_nbd(const struct info_args *a, const struct client_conn *first,
-              const struct tls_client_creds *tls)
+              const struct tls_creds *tls)
 {
   for (size_t i = 0; i < first->info.nexports; i++) {
     const char *name = first->info.exports[i];
@@ -406,7 +406,7 @@ info_list_nbd(const struct info_args *a, const struct client_conn *first,
  * connection shares: 0, or -1 after one line. */
 static int
 info_nbd_report(const struct info_args *a, const struct nbd_uri *u,
-                const struct tls_client_creds *tls)
+                const struct tls_creds *tls)
 {
   struct client_opts o = { .export_name = u->export_name,
                            .want_extended = true,
@@ -464,13 +464,13 @@ info_nbd(const struct info_args *a)
     return 1;
   }
   /* Loaded once, for the listing and every export's connection. */
-  struct tls_client_creds *tls;
+  struct tls_creds *tls;
   int r = client_tls_load(&u, &tls, err, sizeof err);
   if (r < 0)
     log_error("%s: %s", a->target, err);
   else
     r = info_nbd_report(a, &u, tls);
-  tls_client_creds_free(tls);
+  tls_creds_free(tls);
   uri_free(&u);
   return r < 0 ? 1 : 0;
 }

@@ -61,7 +61,7 @@ struct client_opts {
   /* For an nbds URI, required: its credentials from client_tls_load,
    * shared by every connection given these options (the caller keeps
    * them until the last is closed). */
-  const struct tls_client_creds *tls_creds;
+  const struct tls_creds *tls_creds;
   /* Optional, called on the connecting thread: with each socket before
    * its connect starts, and with -1 before client_connect closes it or
    * returns, so that another thread may shutdown(2) it meanwhile (under
@@ -214,8 +214,8 @@ struct client_conn {
 /* For an nbds URI: checks that its TLS parameters agree and loads the
  * credentials they name, before any connection, into *out (NULL for a
  * plain URI). Returns 0, or -errno with a sentence in err. Free them with
- * tls_client_creds_free. */
-int client_tls_load(const struct nbd_uri *u, struct tls_client_creds **out,
+ * tls_creds_free. */
+int client_tls_load(const struct nbd_uri *u, struct tls_creds **out,
                     char *err, size_t errlen);
 
 /* Connects to the URI and runs the handshake. Returns 0, or -errno with a

@@ -408,7 +408,7 @@ client_check_tls_params(const struct nbd_uri *u, char *err, size_t errlen)
 }
 
 int
-client_tls_load(const struct nbd_uri *u, struct tls_client_creds **out,
+client_tls_load(const struct nbd_uri *u, struct tls_creds **out,
                 char *err, size_t errlen)
 {
   *out = NULL;
@@ -418,7 +418,7 @@ client_tls_load(const struct nbd_uri *u, struct tls_client_creds **out,
   struct tls_client_config cfg;
   char why[224]; /* room for the prefix */
   hs_tls_config(u, &cfg);
-  r = tls_client_creds_new(&cfg, out, why, sizeof why);
+  r = tls_creds_client_new(&cfg, out, why, sizeof why);
   if (r < 0)
     snprintf(err, errlen, "TLS credentials: %s", why);
   return r;

@@ -35,7 +35,7 @@ struct nbd_slot {
 struct nbd_priv {
   struct nbd_uri uri;
   struct client_opts co;  /* read by connecting threads */
-  struct tls_client_creds *tls; /* co.tls_creds: every connection's */
+  struct tls_creds *tls; /* co.tls_creds: every connection's */
   unsigned n;             /* slots allocated (the most connections) */
   unsigned started;       /* slots in use: the first, plus jobs started */
   struct nbd_slot *slots;
@@ -375,7 +375,7 @@ nbd_close(struct endpoint *e)
   free(p->jobs);
   free(p->slots);
   free(p->flush_reqs);
-  tls_client_creds_free(p->tls); /* after every session that used them */
+  tls_creds_free(p->tls); /* after every session that used them */
   uri_free(&p->uri);
   free(p);
 }

@@ -37,20 +37,17 @@
 /* Anonymous key exchange exists in TLS 1.2 only. */
 #define TLS_PRIO_ANON ":-VERS-TLS1.3:+ANON-ECDH:+ANON-DH"
 
+/* A server's credentials, or a client's for one server: loaded once,
+ * then shared, read-only, by every session that uses them. */
 struct tls_creds {
-  gnutls_certificate_credentials_t x509; /* NULL without --tls-certs */
-  gnutls_psk_server_credentials_t psk;   /* NULL without --tls-psk */
-  gnutls_priority_t prio;
-  bool verify_peer;
-};
-
-/* A client's credentials for one server: loaded once, then shared,
- * read-only, by the sessions of every connection to it. */
-struct tls_client_creds {
-  gnutls_certificate_credentials_t x509; /* exactly one of the three */
-  gnutls_psk_client_credentials_t psk;
+  /* Server: --tls-certs and/or --tls-psk. Client: exactly one of x509,
+   * psk_client and anon. */
+  gnutls_certificate_credentials_t x509;
+  gnutls_psk_server_credentials_t psk;
+  gnutls_psk_client_credentials_t psk_client;
   gnutls_anon_client_credentials_t anon;
   gnutls_priority_t prio;
+  bool verify_peer; /* server: demand a client certificate */
 };
 
 /* Socket-side buffers (bytes of records, never plaintext). The receive
@@ -847,19 +844,27 @@ cleanup:
   return ret;
 }
 
+/* Empty credentials, and err cleared; NULL with err set. */
+static struct tls_creds *
+tls_creds_alloc(char *err, size_t errlen)
+{
+  if (errlen)
+    err[0] = '\0';
+  struct tls_creds *c = calloc(1, sizeof *c);
+  if (c == NULL)
+    tls_err(err, errlen, "out of memory");
+  return c;
+}
+
 int
 tls_creds_server_new(const struct tls_server_config *cfg,
                      struct tls_creds **out, char *err, size_t errlen)
 {
-  struct tls_creds *c = calloc(1, sizeof *c);
+  struct tls_creds *c = tls_creds_alloc(err, errlen);
   int r;
 
-  if (errlen)
-    err[0] = '\0';
-  if (c == NULL) {
-    tls_err(err, errlen, "out of memory");
+  if (c == NULL)
     return -ENOMEM;
-  }
   c->verify_peer = cfg->verify_peer;
   if (cfg->certs_dir == NULL && cfg->psk_file == NULL) {
     tls_err(err, errlen, "TLS needs credentials: --tls-certs DIR or "
@@ -905,6 +910,10 @@ tls_creds_free(struct tls_creds *c)
     gnutls_certificate_free_credentials(c->x509);
   if (c->psk)
     gnutls_psk_free_server_credentials(c->psk);
+  if (c->psk_client)
+    gnutls_psk_free_client_credentials(c->psk_client);
+  if (c->anon)
+    gnutls_anon_free_client_credentials(c->anon);
   if (c->prio)
     gnutls_priority_deinit(c->prio);
   free(c);
@@ -1076,35 +1085,32 @@ tls_client_load_psk(gnutls_psk_client_credentials_t psk,
 }
 
 int
-tls_client_creds_new(const struct tls_client_config *cfg,
-                     struct tls_client_creds **out, char *err, size_t errlen)
+tls_creds_client_new(const struct tls_client_config *cfg,
+                     struct tls_creds **out, char *err, size_t errlen)
 {
-  struct tls_client_creds *c = calloc(1, sizeof *c);
+  struct tls_creds *c = tls_creds_alloc(err, errlen);
   int r;
 
-  if (errlen)
-    err[0] = '\0';
-  if (c == NULL) {
-    tls_err(err, errlen, "out of memory");
+  if (c == NULL)
     return -ENOMEM;
-  }
   if (cfg->anon)
     r = gnutls_anon_allocate_client_credentials(&c->anon);
   else if (cfg->psk_file)
-    r = gnutls_psk_allocate_client_credentials(&c->psk);
+    r = gnutls_psk_allocate_client_credentials(&c->psk_client);
   else
     r = gnutls_certificate_allocate_credentials(&c->x509);
   if (r < 0) {
     c->anon = NULL;
-    c->psk = NULL;
+    c->psk_client = NULL;
     c->x509 = NULL;
     tls_err(err, errlen, "GnuTLS: %s", gnutls_strerror(r));
     r = -ENOMEM;
     goto fail;
   }
-  r = c->psk    ? tls_client_load_psk(c->psk, cfg, err, errlen)
-      : c->x509 ? tls_client_load_x509(c->x509, cfg, err, errlen)
-                : 0;
+  if (c->psk_client)
+    r = tls_client_load_psk(c->psk_client, cfg, err, errlen);
+  else if (c->x509)
+    r = tls_client_load_x509(c->x509, cfg, err, errlen);
   if (r < 0)
     goto fail;
   r = tls_priority(&c->prio, cfg->psk_file != NULL, cfg->anon, err, errlen);
@@ -1113,24 +1119,8 @@ tls_client_creds_new(const struct tls_client_config *cfg,
   *out = c;
   return 0;
 fail:
-  tls_client_creds_free(c);
+  tls_creds_free(c);
   return r;
-}
-
-void
-tls_client_creds_free(struct tls_client_creds *c)
-{
-  if (c == NULL)
-    return;
-  if (c->x509)
-    gnutls_certificate_free_credentials(c->x509);
-  if (c->psk)
-    gnutls_psk_free_client_credentials(c->psk);
-  if (c->anon)
-    gnutls_anon_free_client_credentials(c->anon);
-  if (c->prio)
-    gnutls_priority_deinit(c->prio);
-  free(c);
 }
 
 /* True when s is an IP literal (no SNI for those, RFC 6066). */
@@ -1144,7 +1134,7 @@ tls_is_ip(const char *s)
 
 int
 tls_client_start(struct transport *t, const struct tls_client_config *cfg,
-                 const struct tls_client_creds *creds, int timeout_ms,
+                 const struct tls_creds *creds, int timeout_ms,
                  char *err, size_t errlen)
 {
   uint64_t deadline = timeout_ms < 0 ? 0 : loop_now_ms() + (uint64_t)timeout_ms;
@@ -1154,19 +1144,18 @@ tls_client_start(struct transport *t, const struct tls_client_config *cfg,
   if (ts == NULL)
     return -ENOMEM;
   r = gnutls_priority_set(ts->s, creds->prio);
-  if (r >= 0)
-    r = creds->anon ? gnutls_credentials_set(ts->s, GNUTLS_CRD_ANON,
-                                             creds->anon)
-        : creds->psk ? gnutls_credentials_set(ts->s, GNUTLS_CRD_PSK,
-                                              creds->psk)
-                     : gnutls_credentials_set(ts->s, GNUTLS_CRD_CERTIFICATE,
-                                              creds->x509);
+  if (r >= 0 && creds->anon)
+    r = gnutls_credentials_set(ts->s, GNUTLS_CRD_ANON, creds->anon);
+  else if (r >= 0 && creds->psk_client)
+    r = gnutls_credentials_set(ts->s, GNUTLS_CRD_PSK, creds->psk_client);
+  else if (r >= 0)
+    r = gnutls_credentials_set(ts->s, GNUTLS_CRD_CERTIFICATE, creds->x509);
   if (r < 0) {
     tls_err(err, errlen, "GnuTLS: %s", gnutls_strerror(r));
     r = -EPROTO;
     goto fail;
   }
-  ts->psk = creds->psk != NULL;
+  ts->psk = creds->psk_client != NULL;
   if (creds->x509) {
     if (cfg->verify_peer)
       tls_verify_as(ts, GNUTLS_KP_TLS_WWW_SERVER, cfg->hostname);

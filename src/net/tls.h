@@ -62,8 +62,9 @@ struct tls_server_config {
   bool verify_peer;      /* X.509: demand a client certificate the CA signed */
 };
 
-/* Credentials, loaded once at start-up and read-only afterwards: every
- * session of the server shares them. */
+/* Credentials, a server's or a client's for one server: loaded once,
+ * read-only afterwards, and shared by every session that uses them, from
+ * any thread. */
 struct tls_creds;
 
 /* Loads and checks the server's credentials. At least one of certs_dir
@@ -113,16 +114,12 @@ struct tls_client_config {
   bool verify_peer;      /* false: accept any server certificate */
 };
 
-/* Client side: a client's credentials for one server, as cfg gives them
- * (its username, too, for PSK), loaded before connecting, so that a
- * missing file, key or PSK user fails here with the reason in err, not
- * as a handshake the server sees cut. Read-only once loaded: the
- * connections to that server share them, from any thread. */
-struct tls_client_creds;
-int tls_client_creds_new(const struct tls_client_config *cfg,
-                         struct tls_client_creds **out, char *err,
-                         size_t errlen);
-void tls_client_creds_free(struct tls_client_creds *creds);
+/* Client side: the credentials cfg names (with its username, for PSK),
+ * loaded before connecting, so that a missing file, key or PSK user
+ * fails here with the reason in err, not as a handshake the server sees
+ * cut. Free them with tls_creds_free. */
+int tls_creds_client_new(const struct tls_client_config *cfg,
+                         struct tls_creds **out, char *err, size_t errlen);
 
 /* Client side: after the server's ACK to NBD_OPT_STARTTLS, installs the
  * TLS transport on t and completes the handshake, waiting with poll for
@@ -132,7 +129,7 @@ void tls_client_creds_free(struct tls_client_creds *creds);
  * connection (there is no going back to plaintext) and t is left as it
  * was. */
 int tls_client_start(struct transport *t, const struct tls_client_config *cfg,
-                     const struct tls_client_creds *creds, int timeout_ms,
+                     const struct tls_creds *creds, int timeout_ms,
                      char *err, size_t errlen);
 
 #endif
