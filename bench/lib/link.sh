@@ -330,6 +330,7 @@ tls_server_start() {
       note_cmd "server nbd-server $auth" nbd-server -C "$cfg" -p "$pidf"
       TLS_EXPORT=bench
       TLS_URI="nbds://127.0.0.1:$port/bench?tls-certificates=$pki"
+      SRV_URI=$TLS_URI # server_launch's readiness handshake uses it
       SRV_DAEMON=1
       server_launch nbd-server tcp "$port" "" "$pidf" \
         nbd-server -C "$cfg" -p "$pidf"
