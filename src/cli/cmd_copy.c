@@ -148,12 +148,11 @@ copy_per_connection(struct copy_args *a, const struct endpoint *src,
 {
   bool src_nbd = strcmp(src->ops->kind, "nbd") == 0;
   bool dst_nbd = strcmp(dst->ops->kind, "nbd") == 0;
-  uint64_t conns = a->connections ? a->connections
-                                  : ENDPOINT_AUTO_CONNECTIONS;
-  if (!src_nbd && !dst_nbd)
-    conns = 1;
-  else if ((src_nbd && !src->multi_conn) || (dst_nbd && !dst->multi_conn))
-    conns = 1;
+  bool one = (!src_nbd && !dst_nbd) || (src_nbd && !src->multi_conn) ||
+             (dst_nbd && !dst->multi_conn);
+  uint64_t conns = one              ? 1
+                   : a->connections ? a->connections
+                                    : ENDPOINT_AUTO_CONNECTIONS;
   if (a->synchronous)
     return; /* one request, one connection: nbdcopy's rule too */
   if (a->conn_requests) {
