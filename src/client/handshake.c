@@ -179,14 +179,15 @@ hs_list(struct hs *h)
       return hs_reply_error(h, NBD_OPT_LIST, &rep);
     if (rep.type & NBD_REP_FLAG_ERROR)
       return 0; /* listing refused: not fatal for info */
-    if (rep.type != NBD_REP_SERVER || rep.length < 4 ||
-        wire_get32(h->payload) > rep.length - 4)
+    struct wire_rep_server srv;
+    if (rep.type != NBD_REP_SERVER ||
+        wire_decode_rep_server(h->payload, rep.length, &srv) < 0)
       return hs_fail(h, -EPROTO, "handshake: malformed LIST reply");
     char **v = realloc(in->exports, (in->nexports + 1) * sizeof *v);
     if (v == NULL)
       return hs_fail(h, -ENOMEM, "out of memory");
     in->exports = v;
-    r = hs_strdup(h, &v[in->nexports], h->payload + 4, wire_get32(h->payload),
+    r = hs_strdup(h, &v[in->nexports], srv.name, srv.name_len,
                   "a LIST reply's export name");
     if (r < 0)
       return r;
@@ -223,13 +224,14 @@ hs_set_meta(struct hs *h)
     }
     if (rep.type == NBD_REP_ACK)
       return 0;
-    if (rep.type != NBD_REP_META_CONTEXT || rep.length < 4)
+    struct wire_rep_meta m;
+    if (rep.type != NBD_REP_META_CONTEXT ||
+        wire_decode_rep_meta(h->payload, rep.length, &m) < 0)
       return hs_fail(h, -EPROTO, "handshake: malformed META_CONTEXT reply");
-    size_t clen = rep.length - 4;
-    if (clen == strlen(NBD_META_BASE_ALLOCATION) &&
-        memcmp(h->payload + 4, NBD_META_BASE_ALLOCATION, clen) == 0) {
+    if (m.name_len == strlen(NBD_META_BASE_ALLOCATION) &&
+        memcmp(m.name, NBD_META_BASE_ALLOCATION, m.name_len) == 0) {
       h->c->info.allocation = true;
-      h->c->info.allocation_id = wire_get32(h->payload);
+      h->c->info.allocation_id = m.id;
     }
   }
   return r < 0 ? r : hs_fail(h, -EPROTO, "handshake: endless META reply");
@@ -243,33 +245,32 @@ static int
 hs_info_item(struct hs *h, const uint8_t *p, uint32_t len)
 {
   struct client_info *in = &h->c->info;
-  uint16_t type = wire_get16(p);
-  if ((type == NBD_INFO_EXPORT && len != 12) ||
-      (type == NBD_INFO_BLOCK_SIZE && len != 14))
+  struct wire_info_item it;
+  if (wire_decode_info_item(p, len, &it) < 0)
     return hs_fail(h, -EPROTO, "handshake: %s of %u bytes",
-                   type == NBD_INFO_EXPORT ? "NBD_INFO_EXPORT"
-                                           : "NBD_INFO_BLOCK_SIZE",
+                   it.type == NBD_INFO_EXPORT ? "NBD_INFO_EXPORT"
+                                              : "NBD_INFO_BLOCK_SIZE",
                    (unsigned)len);
-  if (type == NBD_INFO_EXPORT) {
-    in->size = wire_get64(p + 2);
-    in->tflags = wire_get16(p + 10);
-  } else if (type == NBD_INFO_BLOCK_SIZE) {
+  if (it.type == NBD_INFO_EXPORT) {
+    in->size = it.size;
+    in->tflags = it.tflags;
+  } else if (it.type == NBD_INFO_BLOCK_SIZE) {
     in->has_block_size = true;
-    in->min_block = wire_get32(p + 2);
-    in->pref_block = wire_get32(p + 6);
-    in->max_block = wire_get32(p + 10);
-  } else if ((type == NBD_INFO_NAME && !in->name) ||
-             (type == NBD_INFO_DESCRIPTION && !in->description)) {
-    const char *what = type == NBD_INFO_NAME ? "NBD_INFO_NAME"
-                                             : "NBD_INFO_DESCRIPTION";
+    in->min_block = it.minimum;
+    in->pref_block = it.preferred;
+    in->max_block = it.maximum;
+  } else if ((it.type == NBD_INFO_NAME && !in->name) ||
+             (it.type == NBD_INFO_DESCRIPTION && !in->description)) {
+    const char *what = it.type == NBD_INFO_NAME ? "NBD_INFO_NAME"
+                                                : "NBD_INFO_DESCRIPTION";
     /* Only shown, never used to address the export: one holding a NUL
      * is left out (the caller may say so) rather than failing a copy. */
-    char **dst = type == NBD_INFO_NAME ? &in->name : &in->description;
-    if (memchr(p + 2, 0, len - 2) != NULL) {
+    char **dst = it.type == NBD_INFO_NAME ? &in->name : &in->description;
+    if (memchr(it.text, 0, it.text_len) != NULL) {
       in->dropped = what;
       return 0;
     }
-    *dst = strndup((const char *)p + 2, len - 2);
+    *dst = strndup((const char *)it.text, it.text_len);
     return *dst ? 0 : hs_fail(h, -ENOMEM, "out of memory");
   } /* unknown items are ignored (§NBD_REP_INFO) */
   return 0;

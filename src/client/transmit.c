@@ -529,22 +529,22 @@ client_rx_status(struct client_conn *c, const uint8_t *p, size_t len,
                  bool ext)
 {
   struct client_req *r = c->rx_req;
-  if (wire_get32(p) != c->info.allocation_id)
+  struct wire_status_chunk st;
+  /* The chunk's length was checked with its header; what fails here is
+   * an extended chunk whose count disagrees with it. */
+  if (wire_decode_status_chunk(p, len, ext, &st) < 0)
+    return client_proto(c, "block status descriptor count mismatch");
+  if (st.context_id != c->info.allocation_id)
     return 0; /* a context we did not ask about: ignore */
   /* "exactly one status chunk per negotiated metadata context ID"
    * (§NBD_REPLY_TYPE_BLOCK_STATUS): a second one cannot be placed. */
   if (r->status_seen)
     return client_proto(c, "two block status chunks for one context");
   r->status_seen = true;
-  size_t hdr = ext ? 8 : 4, each = ext ? 16 : 8;
-  size_t n = (len - hdr) / each;
-  if (ext && wire_get32(p + 4) != n)
-    return client_proto(c, "block status descriptor count mismatch");
   uint64_t sum = 0; /* of the extents so far, saturated */
-  for (size_t i = 0; i < n; i++) {
-    const uint8_t *d = p + hdr + i * each;
-    uint64_t elen = ext ? wire_get64(d) : wire_get32(d);
-    uint32_t flags = ext ? (uint32_t)wire_get64(d + 8) : wire_get32(d + 4);
+  uint64_t elen;
+  uint32_t flags;
+  while (wire_status_next(&st, &elen, &flags)) {
     if (elen == 0)
       return client_proto(c, "zero-length extent");
     /* Only the last extent may reach past the request's end: the first
@@ -600,9 +600,10 @@ client_rx_scratch_done(struct client_conn *c)
   int err = 0;
   switch (c->rx_type) {
   case NBD_REPLY_TYPE_OFFSET_HOLE: {
-    uint64_t off = wire_get64(p);
-    uint32_t hlen = wire_get32(p + 8);
-    if (hlen == 0 || !client_in_req(r, off, hlen))
+    uint64_t off;
+    uint32_t hlen;
+    if (wire_decode_hole_chunk(p, len, &off, &hlen) < 0 || hlen == 0 ||
+        !client_in_req(r, off, hlen))
       return client_proto(c, "hole chunk outside the request");
     if ((err = client_cover(c, r, off, hlen)) < 0)
       return err;
@@ -667,7 +668,7 @@ client_rx_chunk(struct client_conn *c, const struct wire_reply *rep)
     return client_rx_scratch(c, len);
   case NBD_REPLY_TYPE_BLOCK_STATUS:
   case NBD_REPLY_TYPE_BLOCK_STATUS_EXT: {
-    size_t hdr = ext ? 8 : 4, each = ext ? 16 : 8;
+    size_t hdr = wire_status_len(ext, 0), each = wire_status_len(ext, 1) - hdr;
     if (r->type != NBD_CMD_BLOCK_STATUS ||
         (rep->type == NBD_REPLY_TYPE_BLOCK_STATUS_EXT) != ext ||
         len < hdr + each || (len - hdr) % each ||

@@ -267,6 +267,109 @@ wire_decode_error_chunk(const uint8_t *p, size_t len, bool with_offset,
   return 0;
 }
 
+int
+wire_decode_info_item(const uint8_t *p, size_t len, struct wire_info_item *it)
+{
+  memset(it, 0, sizeof *it);
+  if (len < 2 || len > UINT32_MAX)
+    return -EINVAL;
+  it->type = wire_get16(p);
+  it->text = p + 2;
+  it->text_len = (uint32_t)(len - 2);
+  switch (it->type) {
+  case NBD_INFO_EXPORT:
+    if (len != 12)
+      return -EINVAL;
+    it->size = wire_get64(p + 2);
+    it->tflags = wire_get16(p + 10);
+    return 0;
+  case NBD_INFO_BLOCK_SIZE:
+    if (len != 14)
+      return -EINVAL;
+    it->minimum = wire_get32(p + 2);
+    it->preferred = wire_get32(p + 6);
+    it->maximum = wire_get32(p + 10);
+    return 0;
+  default:
+    return 0;
+  }
+}
+
+int
+wire_decode_rep_server(const uint8_t *p, size_t len,
+                       struct wire_rep_server *s)
+{
+  if (len < 4 || len > UINT32_MAX)
+    return -EINVAL;
+  uint32_t n = wire_get32(p);
+  if (n > len - 4)
+    return -EINVAL;
+  s->name = p + 4;
+  s->name_len = n;
+  s->desc = p + 4 + n;
+  s->desc_len = (uint32_t)(len - 4 - n);
+  return 0;
+}
+
+int
+wire_decode_rep_meta(const uint8_t *p, size_t len, struct wire_rep_meta *m)
+{
+  if (len < 4 || len > UINT32_MAX)
+    return -EINVAL;
+  m->id = wire_get32(p);
+  m->name = p + 4;
+  m->name_len = (uint32_t)(len - 4);
+  return 0;
+}
+
+int
+wire_decode_hole_chunk(const uint8_t *p, size_t len, uint64_t *offset,
+                       uint32_t *hole_len)
+{
+  if (len != 12)
+    return -EINVAL;
+  *offset = wire_get64(p);
+  *hole_len = wire_get32(p + 8);
+  return 0;
+}
+
+int
+wire_decode_status_chunk(const uint8_t *p, size_t len, bool extended,
+                         struct wire_status_chunk *s)
+{
+  size_t hdr = wire_status_len(extended, 0);
+  size_t each = wire_status_len(extended, 1) - hdr;
+  if (len < hdr + each || (len - hdr) % each != 0)
+    return -EINVAL;
+  size_t n = (len - hdr) / each;
+  if (n > UINT32_MAX || (extended && wire_get32(p + 4) != n))
+    return -EINVAL;
+  s->context_id = wire_get32(p);
+  s->count = (uint32_t)n;
+  s->extended = extended;
+  s->desc = p + hdr;
+  return 0;
+}
+
+int
+wire_status_next(struct wire_status_chunk *s, uint64_t *length,
+                 uint32_t *flags)
+{
+  if (s->count == 0)
+    return 0;
+  if (s->extended) {
+    *length = wire_get64(s->desc);
+    *flags = (uint32_t)wire_get64(s->desc + 8);
+    s->desc += 16;
+  } else {
+    *length = wire_get32(s->desc);
+    *flags = wire_get32(s->desc + 4);
+    s->desc += 8;
+  }
+  s->count--;
+  return 1;
+}
+
 uint32_t
 wire_errno_to_nbd(int err)
 {

@@ -108,14 +108,43 @@ int wire_meta_next(struct wire_meta_req *r, const uint8_t **q, uint32_t *qlen);
 size_t wire_encode_meta_req(uint8_t *out, const char *name, uint32_t name_len,
                             const char *const *queries, uint32_t nqueries);
 
-/* NBD_REP_INFO payloads. */
-struct wire_info_export {
-  uint64_t size;
-  uint16_t tflags;
+/* NBD_REP_INFO payload: u16 information type, then its data. A payload
+ * under 2 bytes, an NBD_INFO_EXPORT of other than 12 bytes or an
+ * NBD_INFO_BLOCK_SIZE of other than 14 is -EINVAL ("length MUST be"). The
+ * fields of the type that came are set; text and text_len are the bytes
+ * after the type for every type (the NAME or DESCRIPTION, not
+ * NUL-terminated). On -EINVAL, type is still set when len is at least 2. */
+struct wire_info_item {
+  uint16_t type;
+  uint64_t size;    /* NBD_INFO_EXPORT */
+  uint16_t tflags;  /* NBD_INFO_EXPORT */
+  uint32_t minimum, preferred, maximum; /* NBD_INFO_BLOCK_SIZE */
+  const uint8_t *text;
+  uint32_t text_len;
 };
-struct wire_info_block_size {
-  uint32_t minimum, preferred, maximum;
+int wire_decode_info_item(const uint8_t *p, size_t len,
+                          struct wire_info_item *it);
+
+/* NBD_REP_SERVER payload (a LIST reply): u32 name length, name, then the
+ * description up to the end. Returns 0 or -EINVAL when the name overruns
+ * the payload. */
+struct wire_rep_server {
+  const uint8_t *name;
+  uint32_t name_len;
+  const uint8_t *desc;
+  uint32_t desc_len;
 };
+int wire_decode_rep_server(const uint8_t *p, size_t len,
+                           struct wire_rep_server *s);
+
+/* NBD_REP_META_CONTEXT payload: u32 context ID, then the name up to the
+ * end. Returns 0 or -EINVAL under 4 bytes. */
+struct wire_rep_meta {
+  uint32_t id;
+  const uint8_t *name;
+  uint32_t name_len;
+};
+int wire_decode_rep_meta(const uint8_t *p, size_t len, struct wire_rep_meta *m);
 
 /* ---- Transmission ---- */
 
@@ -175,6 +204,36 @@ struct wire_error_chunk {
 };
 int wire_decode_error_chunk(const uint8_t *p, size_t len, bool with_offset,
                             struct wire_error_chunk *e);
+
+/* NBD_REPLY_TYPE_OFFSET_HOLE payload: u64 offset, u32 hole size (12 bytes
+ * in both header forms). Returns 0 or -EINVAL for any other length. */
+int wire_decode_hole_chunk(const uint8_t *p, size_t len, uint64_t *offset,
+                           uint32_t *hole_len);
+
+/* BLOCK_STATUS (compact) or BLOCK_STATUS_EXT payload: u32 context ID, [u32
+ * descriptor count,] then descriptors of (u32 length, u32 flags) or (u64
+ * length, u64 flags). Decoding checks that the payload holds at least one
+ * whole descriptor and nothing else, and, when extended, that the count
+ * says so; wire_status_next then yields each descriptor. */
+struct wire_status_chunk {
+  uint32_t context_id;
+  uint32_t count; /* descriptors not yet yielded */
+  bool extended;
+  const uint8_t *desc; /* cursor */
+};
+int wire_decode_status_chunk(const uint8_t *p, size_t len, bool extended,
+                             struct wire_status_chunk *s);
+/* Returns 1 with *length and *flags set, or 0 after the last descriptor.
+ * A flags word of an extended descriptor above 32 bits is cut to 32 bits:
+ * base:allocation defines two. */
+int wire_status_next(struct wire_status_chunk *s, uint64_t *length,
+                     uint32_t *flags);
+/* Payload bytes of a status chunk of n descriptors. */
+static inline size_t
+wire_status_len(bool extended, size_t n)
+{
+  return extended ? 8 + 16 * n : 4 + 8 * n;
+}
 
 /* Map a host errno to the NBD error value and back (§Error values). */
 uint32_t wire_errno_to_nbd(int err);

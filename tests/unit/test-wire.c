@@ -533,6 +533,153 @@ test_error_chunk(void)
      "ERROR_OFFSET without room for the offset refused");
 }
 
+/* §NBD_REP_INFO: u16 type, then 10 bytes (size, flags) for
+ * NBD_INFO_EXPORT, 12 (three u32) for NBD_INFO_BLOCK_SIZE, text for NAME
+ * and DESCRIPTION. */
+static void
+test_info_item(void)
+{
+  struct wire_info_item it;
+  static const uint8_t exp[] = "\x00\x00" "\x00\x00\x00\x01\x00\x00\x00\x00"
+                               "\x00\x0d";
+  uint8_t *b = dup_exact(exp, 12);
+  is(wire_decode_info_item(b, 12, &it), 0, "NBD_INFO_EXPORT decodes");
+  is(it.type, NBD_INFO_EXPORT, "its type");
+  is(it.size, UINT64_C(0x100000000), "its size");
+  is(it.tflags, 0x0d, "its transmission flags");
+  free(b);
+  for (size_t len = 0; len < 16; len++) {
+    if (len == 12)
+      continue;
+    uint8_t buf[16] = { 0 };
+    b = dup_exact(buf, len);
+    is(wire_decode_info_item(b, len, &it), (uint64_t)(int64_t)-EINVAL,
+       "NBD_INFO_EXPORT of %zu bytes refused", len);
+    free(b);
+  }
+
+  static const uint8_t bs[] = "\x00\x03" "\x00\x00\x02\x00" "\x00\x00\x10\x00"
+                              "\x02\x00\x00\x00";
+  b = dup_exact(bs, 14);
+  is(wire_decode_info_item(b, 14, &it), 0, "NBD_INFO_BLOCK_SIZE decodes");
+  ok(it.minimum == 512 && it.preferred == 4096 && it.maximum == 32u << 20,
+     "its minimum, preferred and maximum");
+  free(b);
+  b = dup_exact(bs, 13);
+  is(wire_decode_info_item(b, 13, &it), (uint64_t)(int64_t)-EINVAL,
+     "NBD_INFO_BLOCK_SIZE of 13 bytes refused");
+  is(it.type, NBD_INFO_BLOCK_SIZE, "the refused item's type is still set");
+  free(b);
+
+  static const uint8_t name[] = "\x00\x01" "disk";
+  b = dup_exact(name, 6);
+  is(wire_decode_info_item(b, 6, &it), 0, "NBD_INFO_NAME decodes");
+  ok(it.text == b + 2 && it.text_len == 4, "its text is the rest");
+  free(b);
+  b = dup_exact(name, 2);
+  is(wire_decode_info_item(b, 2, &it), 0, "an empty NBD_INFO_NAME decodes");
+  is(it.text_len, 0, "with no text");
+  free(b);
+  static const uint8_t unknown[] = "\x12\x34" "xyz";
+  b = dup_exact(unknown, 5);
+  is(wire_decode_info_item(b, 5, &it), 0, "an unknown type decodes");
+  is(it.type, 0x1234, "its type");
+  free(b);
+}
+
+/* §NBD_REP_SERVER: u32 name length, name, description to the end.
+ * §NBD_REP_META_CONTEXT: u32 context ID, name to the end. */
+static void
+test_rep_payloads(void)
+{
+  struct wire_rep_server srv;
+  static const uint8_t list[] = "\x00\x00\x00\x03" "abc" "a disk";
+  uint8_t *b = dup_exact(list, 13);
+  is(wire_decode_rep_server(b, 13, &srv), 0, "LIST reply decodes");
+  ok(srv.name == b + 4 && srv.name_len == 3, "its name");
+  ok(srv.desc == b + 7 && srv.desc_len == 6, "its description");
+  is(wire_decode_rep_server(b, 7, &srv), 0, "LIST reply without description");
+  is(srv.desc_len, 0, "empty description");
+  is(wire_decode_rep_server(b, 6, &srv), (uint64_t)(int64_t)-EINVAL,
+     "a name one byte past the payload refused");
+  is(wire_decode_rep_server(b, 3, &srv), (uint64_t)(int64_t)-EINVAL,
+     "a LIST reply shorter than its length field refused");
+  free(b);
+  static const uint8_t huge[] = "\xff\xff\xff\xff" "x";
+  b = dup_exact(huge, 5);
+  is(wire_decode_rep_server(b, 5, &srv), (uint64_t)(int64_t)-EINVAL,
+     "a name length of 2^32-1 refused");
+  free(b);
+
+  struct wire_rep_meta m;
+  static const uint8_t meta[] = "\x00\x00\x00\x07" "base:allocation";
+  b = dup_exact(meta, 19);
+  is(wire_decode_rep_meta(b, 19, &m), 0, "META_CONTEXT reply decodes");
+  is(m.id, 7, "its context ID");
+  ok(m.name == b + 4 && m.name_len == 15, "its name");
+  is(wire_decode_rep_meta(b, 3, &m), (uint64_t)(int64_t)-EINVAL,
+     "a META_CONTEXT reply without a whole ID refused");
+  free(b);
+}
+
+/* §NBD_REPLY_TYPE_OFFSET_HOLE: u64 offset, u32 hole size.
+ * §NBD_REPLY_TYPE_BLOCK_STATUS: u32 context ID, then (u32 length, u32
+ * flags) descriptors; _EXT: u32 context ID, u32 count, then (u64 length,
+ * u64 flags). */
+static void
+test_data_chunks(void)
+{
+  uint64_t off = 0, len = 0;
+  uint32_t hole = 0, flags = 0;
+  static const uint8_t h[] = "\x00\x00\x00\x00\x00\x10\x00\x00"
+                             "\x00\x00\x20\x00";
+  uint8_t *b = dup_exact(h, 12);
+  is(wire_decode_hole_chunk(b, 12, &off, &hole), 0, "hole chunk decodes");
+  ok(off == 0x100000 && hole == 0x2000, "its offset and size");
+  is(wire_decode_hole_chunk(b, 11, &off, &hole), (uint64_t)(int64_t)-EINVAL,
+     "a hole chunk of 11 bytes refused");
+  free(b);
+
+  struct wire_status_chunk st;
+  static const uint8_t cs[] = "\x00\x00\x00\x02"
+                              "\x00\x00\x10\x00" "\x00\x00\x00\x03"
+                              "\x00\x01\x00\x00" "\x00\x00\x00\x00";
+  b = dup_exact(cs, 20);
+  is(wire_decode_status_chunk(b, 20, false, &st), 0, "status chunk decodes");
+  ok(st.context_id == 2 && st.count == 2, "its context and count");
+  ok(wire_status_next(&st, &len, &flags) == 1 && len == 0x1000 && flags == 3,
+     "first descriptor");
+  ok(wire_status_next(&st, &len, &flags) == 1 && len == 0x10000 &&
+         flags == 0,
+     "second descriptor");
+  is(wire_status_next(&st, &len, &flags), 0, "then none");
+  for (size_t n = 0; n < 20; n++)
+    if (n != 12)
+      is(wire_decode_status_chunk(b, n, false, &st),
+         (uint64_t)(int64_t)-EINVAL, "status chunk of %zu bytes refused", n);
+  free(b);
+
+  static const uint8_t xs[] = "\x00\x00\x00\x02" "\x00\x00\x00\x01"
+                              "\x00\x00\x00\x01\x00\x00\x00\x00"
+                              "\x00\x00\x00\x00\x00\x00\x00\x01";
+  b = dup_exact(xs, 24);
+  is(wire_decode_status_chunk(b, 24, true, &st), 0,
+     "extended status chunk decodes");
+  ok(wire_status_next(&st, &len, &flags) == 1 &&
+         len == UINT64_C(0x100000000) && flags == 1,
+     "its 64-bit length and flags");
+  is(wire_status_next(&st, &len, &flags), 0, "then none");
+  wire_put32(b + 4, 2);
+  is(wire_decode_status_chunk(b, 24, true, &st), (uint64_t)(int64_t)-EINVAL,
+     "a count that disagrees with the length refused");
+  wire_put32(b + 4, 0);
+  is(wire_decode_status_chunk(b, 8, true, &st), (uint64_t)(int64_t)-EINVAL,
+     "an extended chunk with no descriptor refused");
+  is(wire_decode_status_chunk(b, 23, true, &st), (uint64_t)(int64_t)-EINVAL,
+     "an extended chunk with a partial descriptor refused");
+  free(b);
+}
+
 static void
 test_errno(void)
 {
@@ -611,6 +758,9 @@ main(void)
   test_request();
   test_replies();
   test_error_chunk();
+  test_info_item();
+  test_rep_payloads();
+  test_data_chunks();
   test_errno();
   test_names();
   return tap_done();
