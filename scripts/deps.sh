@@ -8,7 +8,7 @@ build_pkgs=(gcc meson ninja-build pkg-config libgnutls28-dev nettle-dev
             libxxhash-dev)
 test_pkgs=(python3 nbdkit libnbd-bin qemu-utils nbd-server gnutls-bin
            iproute2 iputils-ping iperf3 procps strace time util-linux
-           e2fsprogs)
+           e2fsprogs clang libclang-rt-14-dev)
 
 case "${1:-all}" in
   build) want=("${build_pkgs[@]}") ;;

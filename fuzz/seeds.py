@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""seeds.py OUTDIR: writes a seed corpus for each harness into
+OUTDIR/<harness>/, built from the spec's layouts, so that fuzzing starts
+from messages that decode."""
+import os
+import struct
+import sys
+
+IHAVEOPT = 0x49484156454F5054
+REP_MAGIC = 0x3E889045565A9
+REQ, XREQ = 0x25609513, 0x21E41C71
+SIMPLE, STRUCT, XREPLY = 0x67446698, 0x668E33EF, 0x6E8A278C
+
+
+def be(fmt, *v):
+    return struct.pack(">" + fmt, *v)
+
+
+def info_req(name, reqs):
+    return be("I", len(name)) + name + be("H", len(reqs)) + b"".join(
+        be("H", r) for r in reqs)
+
+
+def meta_req(name, queries):
+    return (be("I", len(name)) + name + be("I", len(queries)) +
+            b"".join(be("I", len(q)) + q for q in queries))
+
+
+SEEDS = {
+    "fuzz-option": [
+        info_req(b"", []),
+        info_req(b"disk", [0, 1, 2, 3]),
+        meta_req(b"", [b"base:allocation"]),
+        meta_req(b"disk", [b"base:", b"qemu:dirty-bitmap:x"]),
+    ],
+    "fuzz-header": [
+        be("QII", IHAVEOPT, 7, 10) + bytes(16),
+        be("QIII", REP_MAGIC, 7, 3, 12) + bytes(12),
+        be("IHHQQI", REQ, 1, 1, 5, 4096, 65536) + bytes(4),
+        be("IHHQQQ", XREQ, 0, 7, 5, 1 << 40, 1 << 33),
+        be("IIQ", SIMPLE, 0, 5) + bytes(16),
+        be("IHHQI", STRUCT, 1, 5, 5, 16) + bytes(12),
+        be("IHHQQQ", XREPLY, 1, 6, 5, 4096, 24),
+    ],
+    "fuzz-payload": [
+        be("HQH", 0, 1 << 30, 0x0d),
+        be("HIII", 3, 512, 4096, 32 << 20),
+        be("H", 1) + b"disk",
+        be("I", 4) + b"disk" + b"a description",
+        be("I", 1) + b"base:allocation",
+        be("IH", 5, 4) + b"full",
+        be("IH", 22, 2) + b"io" + be("Q", 4096),
+        be("QI", 4096, 512),
+        be("IIIII", 1, 4096, 3, 8192, 0),
+        be("IIQQ", 1, 1, 1 << 33, 1),
+    ],
+    "fuzz-uri": [
+        b"nbd://localhost/disk",
+        b"nbd://[::1]:10810/a%20b",
+        b"nbds://user@example.com/?tls-type=psk&tls-psk-file=keys.psk",
+        b"nbd+unix:///disk?socket=/run/nbd.sock",
+        b"nbds+unix://?socket=%2Ftmp%2Fs&tls-verify-peer=0",
+        b"nbds://h:1/?tls-certificates=pki&tls-hostname=h",
+    ],
+    "fuzz-size": [b"0", b"512", b"10G", b"1.5M", b"64KiB", b"16E", b"1536K"],
+}
+
+
+def main():
+    out = sys.argv[1]
+    for name, seeds in SEEDS.items():
+        d = os.path.join(out, name)
+        os.makedirs(d, exist_ok=True)
+        for i, s in enumerate(seeds):
+            with open(os.path.join(d, "seed-%02d" % i), "wb") as f:
+                f.write(s)
+
+
+if __name__ == "__main__":
+    main()
