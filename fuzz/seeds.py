@@ -26,7 +26,59 @@ def meta_req(name, queries):
             b"".join(be("I", len(q)) + q for q in queries))
 
 
+# Client flags (FIXED_NEWSTYLE | NO_ZEROES), then options, for fuzz-server.
+FLAGS = be("I", 3)
+OPT_EXPORT_NAME, OPT_ABORT, OPT_LIST, OPT_STARTTLS, OPT_INFO, OPT_GO = (
+    1, 2, 3, 5, 6, 7)
+OPT_STRUCTURED, OPT_LIST_META, OPT_SET_META, OPT_EXTENDED = 8, 9, 10, 11
+READ, WRITE, DISC, FLUSH, TRIM, CACHE, ZEROES, STATUS = 0, 1, 2, 3, 4, 5, 6, 7
+
+
+def opt(o, data=b""):
+    return be("QII", IHAVEOPT, o, len(data)) + data
+
+
+def req(cmd, off, length, flags=0, cookie=1, payload=b"", ext=False):
+    if ext:
+        return be("IHHQQQ", XREQ, flags, cmd, cookie, off, length) + payload
+    return be("IHHQQI", REQ, flags, cmd, cookie, off, length) + payload
+
+
+def session(name=b"", ext=False, structured=True, meta=True):
+    s = FLAGS
+    if ext:
+        s += opt(OPT_EXTENDED)
+    elif structured:
+        s += opt(OPT_STRUCTURED)
+    if meta and (ext or structured):
+        s += opt(OPT_SET_META, meta_req(name, [b"base:allocation"]))
+    s += opt(OPT_GO, info_req(name, [3]))
+    r = lambda *a, **k: req(*a, ext=ext, **k)
+    s += r(WRITE, 4096, 512, payload=bytes(range(256)) * 2, cookie=1)
+    s += r(READ, 0, 8192, cookie=2, flags=1 if structured else 0)
+    s += r(STATUS, 0, 1 << 20, cookie=3)
+    s += r(TRIM, 65536, 65536, cookie=4)
+    s += r(ZEROES, 131072, 4096, cookie=5, flags=2)
+    s += r(CACHE, 0, 4096, cookie=6)
+    s += r(FLUSH, 0, 0, cookie=7, flags=1)
+    s += r(DISC, 0, 0, cookie=8)
+    return s
+
+
 SEEDS = {
+    "fuzz-server": [
+        session(),
+        session(b"null"),
+        session(b"file"),
+        session(b"file", ext=True),
+        session(b"", structured=False, meta=False),
+        FLAGS + opt(OPT_LIST) + opt(OPT_LIST_META,
+                                    meta_req(b"file", [b"base:"])) +
+        opt(OPT_INFO, info_req(b"null", [0, 1, 2, 3])) + opt(OPT_STARTTLS) +
+        opt(OPT_ABORT),
+        FLAGS + opt(OPT_EXPORT_NAME, b"file") +
+        be("IHHQQI", REQ, 0, READ, 9, 0, 512),
+    ],
     "fuzz-option": [
         info_req(b"", []),
         info_req(b"disk", [0, 1, 2, 3]),
