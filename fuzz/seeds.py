@@ -65,7 +65,69 @@ def session(name=b"", ext=False, structured=True, meta=True):
     return s
 
 
+# What a server sends, from its greeting on, for fuzz-client; the first
+# byte chooses the client's options (see fuzz-client.c).
+REP_ACK, REP_SERVER, REP_INFO, REP_META = 1, 2, 3, 4
+EXPORT_SIZE = 4096
+
+
+def greeting():
+    return b"NBDMAGIC" + b"IHAVEOPT" + be("H", 3)
+
+
+def rep(o, t, data=b""):
+    return be("QIII", REP_MAGIC, o, t, len(data)) + data
+
+
+def go_replies():
+    return (rep(OPT_GO, REP_INFO, be("HQH", 0, EXPORT_SIZE, 0x1 | 0x4 | 0x80)) +
+            rep(OPT_GO, REP_INFO, be("HIII", 3, 1, 4096, 1 << 20)) +
+            rep(OPT_GO, REP_INFO, be("H", 1) + b"disk") +
+            rep(OPT_GO, REP_ACK))
+
+
+def chunk(ext, flags, t, cookie, off, payload):
+    if ext:
+        return be("IHHQQQ", XREPLY, flags, t, cookie, off, len(payload)) + payload
+    return be("IHHQI", STRUCT, flags, t, cookie, len(payload)) + payload
+
+
+def server_stream(sel):
+    ext, structured, alloc, listing = (sel & 1, sel & 2 or sel & 1, sel & 4,
+                                       sel & 8)
+    s = bytes([sel]) + greeting()
+    if listing:
+        s += rep(OPT_LIST, REP_SERVER, be("I", 4) + b"disk" + b"a disk")
+        s += rep(OPT_LIST, REP_ACK)
+    if ext:
+        s += rep(OPT_EXTENDED, REP_ACK)
+    elif structured:
+        s += rep(OPT_STRUCTURED, REP_ACK)
+    if structured and alloc:
+        s += rep(OPT_SET_META, REP_META, be("I", 1) + b"base:allocation")
+        s += rep(OPT_SET_META, REP_ACK)
+    s += go_replies()
+    data = bytes(range(256)) * (EXPORT_SIZE // 256)
+    read_cookie, status_cookie = 1 << 32, 2 << 32 | 1
+    if structured:
+        s += chunk(ext, 0, 2, read_cookie, 0, be("QI", 0, 1024))
+        s += chunk(ext, 1, 1, read_cookie, 0, be("Q", 1024) + data[1024:])
+    else:
+        s += be("IIQ", SIMPLE, 0, read_cookie) + data
+    if structured and alloc:
+        if ext:
+            bs = be("IIQQQQ", 1, 2, 1024, 3, EXPORT_SIZE - 1024, 0)
+        else:
+            bs = be("IIIII", 1, 1024, 3, EXPORT_SIZE - 1024, 0)
+        s += chunk(ext, 1, 6 if ext else 5, status_cookie, 0, bs)
+    return s
+
+
 SEEDS = {
+    "fuzz-client": [server_stream(sel) for sel in (0, 2, 6, 7, 14, 15)] + [
+        bytes([6]) + greeting() + rep(OPT_STRUCTURED, REP_ACK) +
+        rep(OPT_SET_META, REP_ACK) + rep(OPT_GO, 0x80000001, be("H", 0)),
+    ],
     "fuzz-server": [
         session(),
         session(b"null"),
