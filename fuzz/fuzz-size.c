@@ -8,10 +8,7 @@
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-  char *s = malloc(size + 1);
-  CHECK(s);
-  memcpy(s, data, size);
-  s[size] = '\0';
+  char *s = fuzz_cstr(data, size);
   uint64_t v, w;
   if (size_parse(s, &v) == 0) {
     char buf[64];

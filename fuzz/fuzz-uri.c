@@ -40,10 +40,7 @@ decode(const char *s, size_t len)
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-  char *s = malloc(size + 1);
-  CHECK(s);
-  memcpy(s, data, size);
-  s[size] = '\0';
+  char *s = fuzz_cstr(data, size);
   decode(s, strlen(s)); /* its callers pass parts of C strings */
   struct nbd_uri u;
   char err[256];

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define CHECK(cond)                                                          \
   do {                                                                       \
@@ -23,5 +24,17 @@
        (size_t)(len))
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* The input as a C string (up to its first NUL byte), in a new
+ * allocation of size + 1 bytes. The caller frees it. */
+static inline char *
+fuzz_cstr(const uint8_t *data, size_t size)
+{
+  char *s = malloc(size + 1);
+  CHECK(s);
+  memcpy(s, data, size);
+  s[size] = '\0';
+  return s;
+}
 
 #endif
