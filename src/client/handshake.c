@@ -373,7 +373,26 @@ static int
 client_check_tls_params(const struct nbd_uri *u, char *err, size_t errlen)
 {
   const char *t = u->tls_type;
-  if (!u->tls || t == NULL)
+  if (!u->tls) {
+    /* The nbd and nbd+unix schemes never use TLS here (as with libnbd).
+     * A user who gave credentials meant to encrypt: going on in
+     * plaintext would send the image in the clear without a word. */
+    const char *given = u->tls_type           ? "tls-type"
+                        : u->tls_psk_file     ? "tls-psk-file"
+                        : u->tls_certificates ? "tls-certificates"
+                        : u->tls_hostname     ? "tls-hostname"
+                        : u->tls_verify_peer >= 0 ? "tls-verify-peer"
+                                                  : NULL;
+    if (given == NULL)
+      return 0;
+    const char *scheme = u->unix_socket ? "nbd+unix" : "nbd";
+    snprintf(err, errlen,
+             "%s in an %s:// URI, which never uses TLS: use nbds%s:// to "
+             "encrypt, or drop it", given, scheme,
+             u->unix_socket ? "+unix" : "");
+    return -EINVAL;
+  }
+  if (t == NULL)
     return 0;
   if (strcmp(t, "x509") == 0) {
     /* A PSK file would win, and no certificate would be checked. */

@@ -5,7 +5,8 @@
 # against qemu-nbd, every copy verified byte for byte.
 # Then the no-downgrade rule: an nbds URI never continues in clear, whether
 # the server refuses STARTTLS, is oldstyle, or is newstyle without the
-# fixed flag; and bad credentials give a clear error.
+# fixed flag; bad credentials give a clear error; and TLS parameters in a
+# plaintext nbd:// or nbd+unix:// URI are refused before connecting.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/tls-pki.inc"
 
@@ -100,6 +101,20 @@ for q in "tls-type=anon&tls-verify-peer=1" "tls-type=anon&tls-certificates=$TMP/
     info_fails "nbds://127.0.0.1:$nport/?$q" \
         "tls-type=anon authenticates no one: drop tls-\|tls-type=psk needs tls-psk-file\|tls-type=kerberos is not supported\|tls-type=x509 checks certificates: drop tls-psk-file"
 done
+# TLS parameters in a plaintext URI are refused, not ignored: the image
+# would cross in the clear while the user believed it encrypted.
+for u in "nbd://alice@127.0.0.1:$nport/?tls-psk-file=$TMP/psk/keys.psk" \
+         "nbd+unix:///?socket=$TMP/none.sock&tls-certificates=$TMP/pki" \
+         "nbd://127.0.0.1:$nport/?tls-verify-peer=1"; do
+    info_fails "$u" "in an nbd\(+unix\)\?:// URI, which never uses TLS: use nbds\(+unix\)\?:// to encrypt"
+done
+rc=0
+"$NBDFLOW" copy "$TMP/src4.img" \
+    "nbd://127.0.0.1:$nport/?tls-type=x509&tls-certificates=$TMP/pki" \
+    >"$TMP/out" 2>&1 || rc=$?
+[ "$rc" -ne 0 ] && grep -q "tls-type in an nbd:// URI" "$TMP/out" ||
+    fail "copy to a plaintext URI with TLS parameters: $rc $(cat "$TMP/out")"
+note "ok: $(cat "$TMP/out")"
 # Credentials load before connecting: our own mistake is named as such
 # even with nothing listening, and no server sees a handshake cut short.
 info_fails "nbds://bob@127.0.0.1:$nport/?tls-psk-file=$TMP/psk/keys.psk" \
