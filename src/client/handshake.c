@@ -240,13 +240,16 @@ hs_set_meta(struct hs *h)
 /* Stores one NBD_REP_INFO item: 0, or -EPROTO (after hs_fail) when a known
  * item has the wrong length: "length MUST be 12" for NBD_INFO_EXPORT and 14
  * for NBD_INFO_BLOCK_SIZE (§NBD_REP_INFO). Skipping such an item would
- * leave the export's size at 0, and a copy of nothing would succeed. */
+ * leave the export's size at 0, and a copy of nothing would succeed.
+ * *type receives the item's type. */
 static int
-hs_info_item(struct hs *h, const uint8_t *p, uint32_t len)
+hs_info_item(struct hs *h, const uint8_t *p, uint32_t len, uint16_t *type)
 {
   struct client_info *in = &h->c->info;
   struct wire_info_item it;
-  if (wire_decode_info_item(p, len, &it) < 0)
+  int bad = wire_decode_info_item(p, len, &it);
+  *type = it.type;
+  if (bad < 0)
     return hs_fail(h, -EPROTO, "handshake: %s of %u bytes",
                    it.type == NBD_INFO_EXPORT ? "NBD_INFO_EXPORT"
                                               : "NBD_INFO_BLOCK_SIZE",
@@ -300,8 +303,9 @@ hs_go(struct hs *h)
     if (rep.type == NBD_REP_INFO) {
       if (rep.length < 2)
         return hs_fail(h, -EPROTO, "handshake: empty NBD_REP_INFO");
-      got_export |= wire_get16(h->payload) == NBD_INFO_EXPORT;
-      r = hs_info_item(h, h->payload, rep.length);
+      uint16_t type;
+      r = hs_info_item(h, h->payload, rep.length, &type);
+      got_export |= type == NBD_INFO_EXPORT;
       continue;
     }
     if (rep.type == NBD_REP_ACK) {
