@@ -187,6 +187,7 @@ def section_servers(out, rows, meta):
                       True)
     out.append("")
     servers_null_reference(out, arms, clients, transports, servers)
+    servers_cpu(out, arms, clients, transports, servers, meta)
     servers_baseline(out, arms, clients, transports, meta)
 
 
@@ -222,6 +223,47 @@ def servers_null_reference(out, arms, clients, transports, servers):
                     cells = line.strip("| ").split(" | ")
                     out.append("| %s |" % " | ".join(
                         (cells[:2] + [n] + cells[2:])[:7]))
+    out.append("")
+
+
+def servers_cpu(out, arms, clients, transports, servers, meta):
+    """Where each copy's CPU time went: the client's and the server's, and
+    how busy that kept the machine's CPUs over the copy's wall time."""
+    subjects = servers + [n for n in NULL_SERVERS
+                          if any(k[1] == n for k in arms)]
+    srv = lambda r: float(r["extra"]["srv_cpu_s"])
+    if not any("srv_cpu_s" in r["extra"] for a in arms.values()
+               for r in a.rows):
+        return
+    cpus = int(dict(meta).get("nproc", "1"))
+    out.append("CPU seconds per copy, medians: the client's + the "
+               "server's (user+sys, from /usr/bin/time and from the "
+               "server's /proc/PID/stat with the children it reaped), and "
+               "in brackets how busy the two kept the machine's %d CPUs "
+               "over the copy's wall time. On loopback the kernel receives "
+               "a segment in its sender's context, so the receiving of the "
+               "client's data counts as the client's." % cpus)
+    out.append("")
+    out.append("| client | transport | " + " | ".join(subjects) + " |")
+    out.append("|---|---|" + "---|" * len(subjects))
+    for c in clients:
+        for t in transports:
+            cells = []
+            for s in subjects:
+                a = arms.get((c, s, t))
+                rows = [r for r in a.rows if r["status"] == "ok" and
+                        "srv_cpu_s" in r["extra"]] if a else []
+                if not rows:
+                    cells.append("-")
+                    continue
+                cl = statistics.median(float(r["user_s"] or 0) +
+                                       float(r["sys_s"] or 0) for r in rows)
+                sv = statistics.median(srv(r) for r in rows)
+                busy = statistics.median(
+                    (float(r["user_s"] or 0) + float(r["sys_s"] or 0) +
+                     srv(r)) / (float(r["seconds"]) * cpus) for r in rows)
+                cells.append("%.2f + %.2f (%.0f%%)" % (cl, sv, 100 * busy))
+            out.append("| %s | %s | %s |" % (c, t, " | ".join(cells)))
     out.append("")
 
 
