@@ -472,7 +472,7 @@ backend_file_open(struct export *e, const char *path)
     }
   } else if (S_ISREG(st.st_mode)) {
     e->size = (uint64_t)st.st_size;
-    unsigned long fs = e->read_only ? 0 : file_fs_type(e->fd);
+    unsigned long fs = file_fs_type(e->fd);
     e->memory_fs = fs == TMPFS_MAGIC || fs == RAMFS_MAGIC;
     e->swappable = fs == TMPFS_MAGIC;
     /* Swap that cannot be told counts as active. */

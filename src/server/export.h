@@ -58,11 +58,12 @@ struct export {
   bool can_fast_zero; /* zeroing is cheaper than writing */
   /* A WRITE only copies into memory and never waits for a device: a
    * file on tmpfs or ramfs while no swap is active, or null. The event
-   * loop runs small ones itself (SERVER_INLINE_WRITE). Read by every
+   * loop runs small ones itself (SERVER_INLINE_WRITE), and a file's READ
+   * replies are sent from its pages (req_from_file). Read by every
    * thread and, on a swappable export, changed by the first loop as swap
    * comes and goes: access it atomically. */
   bool write_in_memory;
-  /* A writable regular file on tmpfs or ramfs. */
+  /* A regular file on tmpfs or ramfs (read-only or not). */
   bool memory_fs;
   /* A memory_fs file on tmpfs, whose pages swap may move out: in memory
    * only while no swap is active (export_swap_active). ramfs never swaps. */

@@ -718,13 +718,17 @@ server_watch_swap(struct server *s)
         __atomic_load_n(&e->write_in_memory, __ATOMIC_RELAXED) == in_memory)
       continue;
     __atomic_store_n(&e->write_in_memory, in_memory, __ATOMIC_RELAXED);
-    if (in_memory)
+    if (in_memory && e->read_only)
+      log_info("export \"%s\": no swap is active now: READ data leaves "
+               "from the file's pages again", e->name);
+    else if (in_memory)
       log_info("export \"%s\": no swap is active now: writes up to %u MiB "
                "run on the event loop again", e->name,
                SERVER_INLINE_WRITE >> 20);
     else
-      log_info("export \"%s\": swap is active now: its writes go to the "
-               "workers", e->name);
+      log_info("export \"%s\": swap is active now: %s", e->name,
+               e->read_only ? "READ data is read into buffers"
+                            : "its writes go to the workers");
   }
 }
 
@@ -1165,8 +1169,11 @@ server_run(struct server_config *cfg, char **export_args, int nexports)
   for (int i = 0; i < s.nexports; i++) {
     const struct export *e = s.exports[i];
     char mem[64] = "";
-    if (e->memory_fs && __atomic_load_n(&e->write_in_memory,
-                                         __ATOMIC_RELAXED))
+    bool in_memory = e->memory_fs &&
+                     __atomic_load_n(&e->write_in_memory, __ATOMIC_RELAXED);
+    if (in_memory && e->read_only)
+      snprintf(mem, sizeof mem, ", in memory");
+    else if (in_memory)
       snprintf(mem, sizeof mem,
                ", in memory (writes up to %u MiB on the event loop)",
                SERVER_INLINE_WRITE >> 20);

@@ -175,6 +175,11 @@ struct req {
   int iovcnt;
   struct iovec *iov_cur; /* first unsent slice */
   int iov_left;
+  /* A READ reply's data sent from the export's file after the iovecs
+   * (sendfile(2)), when file_left > 0: see req_from_file. */
+  uint64_t file_off;
+  size_t file_left;
+  bool file_ended;    /* the file ended early: the rest goes as zeroes */
   struct req *next;   /* free list or send queue link */
   /* Splice path: the payload waits in pipes 0..pipe_cur, pipe_len[i]
    * bytes in pipe i, in payload order. npipes are open, each sized at

@@ -11,12 +11,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/sendfile.h>
+#include <unistd.h>
+
 #include "server.h"
 #include "net/sock.h"
-#include <unistd.h>
 #include "util/log.h"
 
 #define BS_MAX_EXTENTS 2048 /* descriptors in one BLOCK_STATUS reply */
+
+/* READ data past the end of a file that shrank while it was being sent. */
+static const uint8_t req_zeroes[64 << 10];
 
 
 /* ---- request objects ---- */
@@ -37,6 +42,8 @@ req_get(struct conn *c)
       return NULL;
   }
   q->spliced = q->on_loop = q->write_locked = false;
+  q->file_left = 0;
+  q->file_ended = false;
   q->cost = 0;
   q->c = c;
   q->error = 0;
@@ -112,6 +119,23 @@ req_fail(struct req *q, int err, const char *msg)
   q->errmsg = msg;
 }
 
+/* Whether this READ's data may leave straight from the export's page
+ * cache (sendfile(2)) instead of being read into buf and copied again
+ * into the socket: a file on tmpfs or ramfs whose pages are in memory,
+ * so that sending never waits for a device even on the loop, over the
+ * plain transport (TLS must encrypt in user space). The header is sent
+ * before the data is read, so a file that fails then costs the
+ * connection, not just the request (a file in memory does not fail); one
+ * that another process cut short sends zeroes for what it lost. */
+static bool
+req_from_file(struct req *q)
+{
+  struct conn *c = q->c;
+  struct export *e = c->exp;
+  return e->memory_fs && e->fd >= 0 && c->t.ops == &transport_plain_ops &&
+         __atomic_load_n(&e->write_in_memory, __ATOMIC_RELAXED);
+}
+
 /* Structured READ: one chunk per data or zero extent (§NBD_CMD_READ). */
 static void
 read_structured(struct req *q)
@@ -143,6 +167,19 @@ read_structured(struct req *q)
   if (covered < len)
     ext[n++] = (struct extent){ .length = len - covered, .flags = 0 };
 
+  if (n == 1 && ext[0].flags == 0 && req_from_file(q)) {
+    q->iovcnt = 0;
+    uint8_t *h = q->hdr;
+    h += wire_encode_chunk(h, c->extended, NBD_REPLY_FLAG_DONE,
+                           NBD_REPLY_TYPE_OFFSET_DATA, q->r.cookie, off,
+                           8 + len);
+    wire_put64(h, off);
+    reply_iov(q, q->hdr, (size_t)(h + 8 - q->hdr));
+    q->file_off = off;
+    q->file_left = len;
+    q->file_ended = false;
+    return;
+  }
   uint64_t rel = 0;
   for (int i = 0; i < n; rel += ext[i].length, i++) {
     if (ext[i].flags)
@@ -189,6 +226,13 @@ run_read(struct req *q)
 
   if (c->structured) {
     read_structured(q);
+    return;
+  }
+  if (q->r.length > 0 && req_from_file(q)) {
+    reply_ok(q);
+    q->file_off = q->r.offset;
+    q->file_left = q->r.length;
+    q->file_ended = false;
     return;
   }
   int r = q->r.length ? e->ops->pread(e, q->buf, q->r.length, q->r.offset)
@@ -382,12 +426,52 @@ static int
 req_try_send(struct conn *c, struct req *q, int flags)
 {
   while (q->iov_left > 0) {
-    ssize_t n = c->t.ops->sendv(&c->t, q->iov_cur, q->iov_left, flags);
+    /* A header whose data follows from the file waits for it (MSG_MORE),
+     * so that the two leave in the same segments. */
+    int more = q->file_left > 0 ? TRANSPORT_SEND_MORE : flags;
+    ssize_t n = c->t.ops->sendv(&c->t, q->iov_cur, q->iov_left, more);
     if (n == -EAGAIN)
       return 0;
     if (n < 0)
       return (int)n;
     q->iov_left = transport_iov_advance(&q->iov_cur, q->iov_left, (size_t)n);
+  }
+  while (q->file_left > 0) {
+    ssize_t n;
+    if (q->file_ended) {
+      /* The file shrank under us: the rest reads as zeroes, as a hole
+       * (and as file_pread has it). */
+      struct iovec z = { (void *)req_zeroes, q->file_left };
+      if (z.iov_len > sizeof req_zeroes)
+        z.iov_len = sizeof req_zeroes;
+      n = c->t.ops->sendv(&c->t, &z, 1, 0);
+      if (n == -EAGAIN)
+        return 0;
+      if (n < 0)
+        return (int)n;
+    } else {
+      off_t off = (off_t)q->file_off;
+      n = sendfile(c->fd, c->exp->fd, &off, q->file_left);
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        return 0;
+      if (n < 0) {
+        /* The header has promised the data: the stream cannot go on. */
+        int err = errno;
+        conn_log(c, "export \"%s\": READ offset %llu: sending %zu bytes "
+                 "from the file failed: %s", c->exp->name,
+                 (unsigned long long)q->file_off, q->file_left,
+                 strerror(err));
+        return -err;
+      }
+      if (n == 0) {
+        q->file_ended = true;
+        continue;
+      }
+    }
+    q->file_off += (uint64_t)n;
+    q->file_left -= (size_t)n;
   }
   return 1;
 }

@@ -345,9 +345,10 @@ all_traced () {
 }
 
 # traced_writes PID FILE SYSCALLS CMD...: runs CMD while strace follows
-# every thread of PID for SYSCALLS (a comma list of pwrite64, pwritev2
-# and splice); sets WROTE[TID] to the bytes that thread's calls put into
-# FILE, for each thread that made any of them.
+# every thread of PID for SYSCALLS (a comma list of pwrite64, pwritev2,
+# splice and sendfile); sets WROTE[TID] to the bytes that thread's calls
+# put into FILE (or, for sendfile, sent from it), for each thread that
+# made any of them.
 traced_writes () {
     local pid=$1 file fd syscalls=$3 st f
     file=$(readlink -f "$2")
@@ -367,6 +368,7 @@ traced_writes () {
         [ -e "$f" ] || continue
         WROTE[${f##*.}]=$(awk -v fd="$fd" '
             ($0 ~ "^splice\\([0-9]+, NULL, " fd ", " ||
+             $0 ~ "^sendfile\\([0-9]+, " fd ", " ||
              $0 ~ "^pwrite(64|v2)\\(" fd ", ") && / = [0-9]+$/ { s += $NF }
             END { print s + 0 }' "$f")
     done

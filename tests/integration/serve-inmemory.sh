@@ -7,7 +7,9 @@
 # the workers. Traces which threads write into each export's file (the
 # first event loop runs on the main thread, the others are named
 # nbdflow-loop, the workers nbdflow-io) and checks the start-up line that
-# says so. Every copy and every raw write is verified byte for byte.
+# says so. Its READ replies leave from the file's pages by sendfile(2),
+# counted in the same traces; reads from other storage, or while swap is
+# on, do not. Every copy and every raw write is verified byte for byte.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need_strace
@@ -185,6 +187,39 @@ traced "$fs/target.img" raw_writes ""
     fail "64 KiB writes, half FUA: loops wrote $LOOP, workers $IO bytes"
 note "ok: 64 KiB writes: the 16 without FUA by the loops, with FUA by workers"
 
+# sent_out WHAT FILE CMD...: CMD reads FILE out of the server, traced;
+# sets SENT to the bytes that left the server by sendfile(2) from FILE.
+sent_out () {
+    local what=$1 file=$2 t
+    shift 2
+    traced_writes "$pid" "$file" sendfile "$@"
+    SENT=0
+    for t in "${!WROTE[@]}"; do SENT=$((SENT + WROTE[$t])); done
+    note "$what: $SENT bytes sent from the file's pages"
+}
+
+# READ replies from the file in memory leave from its pages, after their
+# header: structured ones to qemu-img and nbdcopy. Every copy verified.
+sent_out "qemu-img reads" "$fs/target.img" \
+    qemu-img convert -f raw -O raw "$(uri "$sock")" "$TMP/out.img"
+same "$fs/target.img" "$TMP/out.img"
+[ "$SENT" = "$total" ] || fail "qemu-img read $total bytes, $SENT by sendfile"
+rm -f "$TMP/out.img"
+sent_out "nbdcopy reads" "$fs/target.img" \
+    nbdcopy "$(uri "$sock")" "$TMP/out.img"
+same "$fs/target.img" "$TMP/out.img"
+[ "$SENT" = "$total" ] || fail "nbdcopy read $total bytes, $SENT by sendfile"
+rm -f "$TMP/out.img"
+note "ok: reads out of the tmpfs export left from the file's pages"
+if $on_disk; then
+    sent_out "qemu-img reads from $disk_type" "$TMP/disk.img" \
+        qemu-img convert -f raw -O raw "nbd+unix:///disk?socket=$sock" "$TMP/out.img"
+    same "$TMP/disk.img" "$TMP/out.img"
+    [ "$SENT" = 0 ] || fail "$SENT bytes sent from a file on $disk_type"
+    rm -f "$TMP/out.img"
+    note "ok: reads from the $disk_type export went through buffers"
+fi
+
 # Swap switched on after start-up: tmpfs pages may then wait for the swap
 # device, so the writes must leave the loops within a sweep or two, and
 # come back when it is off. The server sees a swap area in a file mounted
@@ -204,6 +239,12 @@ log_waits () {
     fail "no \"$1\" in the server's log within 5 s: $(tail -3 "$SERVER_LOG")"
 }
 log_waits "export \"$fs/target.img\": swap is active now: its writes go to the workers"
+sent_out "swap on, qemu-img reads" "$fs/target.img" \
+    qemu-img convert -f raw -O raw "$(uri "$sock")" "$TMP/out.img"
+same "$fs/target.img" "$TMP/out.img"
+[ "$SENT" = 0 ] || fail "swap on: $SENT bytes sent from the file's pages"
+rm -f "$TMP/out.img"
+note "ok: swap on: reads went through buffers"
 all_by workers "swap on, nbdcopy" "$TMP/src2.img" "$fs/target.img" \
     nbdcopy "$TMP/src2.img" "$(uri "$sock")"
 # A /proc/swaps that cannot be read tells nothing, least of all that swap
