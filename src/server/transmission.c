@@ -126,7 +126,8 @@ req_fail(struct req *q, int err, const char *msg)
  * plain transport (TLS must encrypt in user space). The header is sent
  * before the data is read, so a file that fails then costs the
  * connection, not just the request (a file in memory does not fail); one
- * that another process cut short sends zeroes for what it lost. */
+ * that another process cut short sends zeroes for what it lost. A reply
+ * built before swap came on may still finish from the loop. */
 static bool
 req_from_file(struct req *q)
 {
@@ -134,6 +135,21 @@ req_from_file(struct req *q)
   struct export *e = c->exp;
   return e->memory_fs && e->fd >= 0 && c->t.ops == &transport_plain_ops &&
          __atomic_load_n(&e->write_in_memory, __ATOMIC_RELAXED);
+}
+
+/* Worker: the buffer a READ's data is read into; false (the error reply
+ * built) when there is no memory for it. */
+static bool
+req_read_buf(struct req *q)
+{
+  if (req_reserve(q, q->r.length) == 0)
+    return true;
+  conn_log(q->c, "export \"%s\": READ offset %llu length %llu: no memory "
+           "for the data", q->c->exp->name,
+           (unsigned long long)q->r.offset, (unsigned long long)q->r.length);
+  req_fail(q, ENOMEM, "out of memory");
+  reply_error(q);
+  return false;
 }
 
 /* Structured READ: one chunk per data or zero extent (§NBD_CMD_READ). */
@@ -180,6 +196,8 @@ read_structured(struct req *q)
     q->file_ended = false;
     return;
   }
+  if (!req_read_buf(q))
+    return;
   uint64_t rel = 0;
   for (int i = 0; i < n; rel += ext[i].length, i++) {
     if (ext[i].flags)
@@ -235,6 +253,8 @@ run_read(struct req *q)
     q->file_ended = false;
     return;
   }
+  if (!req_read_buf(q))
+    return;
   int r = q->r.length ? e->ops->pread(e, q->buf, q->r.length, q->r.offset)
                        : 0;
   if (r < 0) {
@@ -457,12 +477,15 @@ req_try_send(struct conn *c, struct req *q, int flags)
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
         return 0;
       if (n < 0) {
-        /* The header has promised the data: the stream cannot go on. */
+        /* The header has promised the data: the stream cannot go on. A
+         * client gone is said by whoever sees the send fail; a file
+         * that fails is said here, as nothing else would name it. */
         int err = errno;
-        conn_log(c, "export \"%s\": READ offset %llu: sending %zu bytes "
-                 "from the file failed: %s", c->exp->name,
-                 (unsigned long long)q->file_off, q->file_left,
-                 strerror(err));
+        if (err != EPIPE && err != ECONNRESET)
+          conn_log(c, "export \"%s\": READ offset %llu: sending %zu bytes "
+                   "from the file failed: %s", c->exp->name,
+                   (unsigned long long)q->file_off, q->file_left,
+                   strerror(err));
         return -err;
       }
       if (n == 0) {
@@ -928,7 +951,9 @@ transmission_header(struct conn *c)
     c->last_spliced = true;
     conn_expect(c, CS_REQ_SPLICE, NULL, payload);
     return 0;
-  } else if (q->r.type == NBD_CMD_READ || q->r.type == NBD_CMD_WRITE) {
+  } else if (q->r.type == NBD_CMD_WRITE) {
+    /* A READ's buffer is taken by the worker, and only if the data does
+     * not leave from the file (req_read_buf). */
     if (req_reserve(q, q->r.length) < 0)
       q->error = NBD_ENOMEM;
   }

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """READ replies from a file on tmpfs leave straight from the file's pages:
-the header first, then the data by sendfile(2). Checked byte for byte:
+the header first, then the data by sendfile(2) (serve-inmemory.sh traces
+that they do; this test checks what the client gets). Checked byte for
+byte, and each structured reply's chunk against the request:
 simple and structured replies, reads at odd offsets and at the export's
 end, and 48 pipelined READs that overfill the socket, so that the loop
 sends the rest of each. Then the file is cut short under the server: a
@@ -10,6 +12,7 @@ keeping the stream in step."""
 import os
 import random
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -26,6 +29,12 @@ def read_checked(c, data, off, n, what):
     err, got = c.do(CMD_READ, off, n)
     expect_err(err, 0, "READ %s" % what)
     expect(got == data[off:off + n], "%s reads back the file's bytes" % what)
+    if c.structured:
+        # one data chunk (the file has no holes) at the offset asked
+        expect(len(c.chunks) == 1 and c.chunks[0][0] == REPLY_TYPE_OFFSET_DATA
+               and struct.unpack(">Q", c.chunks[0][1][:8])[0] == off
+               and len(c.chunks[0][1]) == 8 + n,
+               "%s comes as one OFFSET_DATA chunk at %d" % (what, off))
 
 
 def main(server, path, data):

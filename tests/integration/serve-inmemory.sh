@@ -211,7 +211,24 @@ same "$fs/target.img" "$TMP/out.img"
 [ "$SENT" = "$total" ] || fail "nbdcopy read $total bytes, $SENT by sendfile"
 rm -f "$TMP/out.img"
 note "ok: reads out of the tmpfs export left from the file's pages"
+# The same file served read-only: in memory too.
+unix_pid=$pid unix_log=$SERVER_LOG
+serve_start --unix "$TMP/ro.sock" --read-only "$fs/target.img"
+pid=$SERVER_PID
+grep -q "export \"$fs/target.img\": file, $total bytes, read-only, in memory$" \
+    "$SERVER_LOG" || fail "no read-only in-memory line: $(cat "$SERVER_LOG")"
+sent_out "read-only, qemu-img reads" "$fs/target.img" \
+    qemu-img convert -f raw -O raw "$(uri "$TMP/ro.sock")" "$TMP/out.img"
+same "$fs/target.img" "$TMP/out.img"
+[ "$SENT" = "$total" ] ||
+    fail "read-only: qemu-img read $total bytes, $SENT by sendfile"
+rm -f "$TMP/out.img"
+serve_stop "$pid"
+pid=$unix_pid SERVER_PID=$unix_pid SERVER_LOG=$unix_log
+note "ok: the read-only tmpfs export is in memory, its reads from its pages"
 if $on_disk; then
+    # Data to read (a file of holes would be answered without a READ).
+    dd if="$TMP/src.img" of="$TMP/disk.img" bs=1M conv=notrunc status=none
     sent_out "qemu-img reads from $disk_type" "$TMP/disk.img" \
         qemu-img convert -f raw -O raw "nbd+unix:///disk?socket=$sock" "$TMP/out.img"
     same "$TMP/disk.img" "$TMP/out.img"
