@@ -183,24 +183,14 @@ read_structured(struct req *q)
   if (covered < len)
     ext[n++] = (struct extent){ .length = len - covered, .flags = 0 };
 
-  if (n == 1 && ext[0].flags == 0 && req_from_file(q)) {
-    q->iovcnt = 0;
-    uint8_t *h = q->hdr;
-    h += wire_encode_chunk(h, c->extended, NBD_REPLY_FLAG_DONE,
-                           NBD_REPLY_TYPE_OFFSET_DATA, q->r.cookie, off,
-                           8 + len);
-    wire_put64(h, off);
-    reply_iov(q, q->hdr, (size_t)(h + 8 - q->hdr));
-    q->file_off = off;
-    q->file_left = len;
-    q->file_ended = false;
-    return;
-  }
-  if (!req_read_buf(q))
+  /* One data extent from a file in memory: its chunk's data leaves from
+   * the file after the header, and nothing is read here. */
+  bool from_file = n == 1 && ext[0].flags == 0 && req_from_file(q);
+  if (!from_file && !req_read_buf(q))
     return;
   uint64_t rel = 0;
   for (int i = 0; i < n; rel += ext[i].length, i++) {
-    if (ext[i].flags)
+    if (ext[i].flags || from_file)
       continue;
     int r = e->ops->pread(e, q->buf + rel, ext[i].length, off + rel);
     if (r < 0) {
@@ -231,7 +221,13 @@ read_structured(struct req *q)
       wire_put64(h, off + rel);
       h += 8;
       reply_iov(q, start, (size_t)(h - start));
-      reply_iov(q, q->buf + rel, ext[i].length);
+      if (from_file) {
+        q->file_off = off;
+        q->file_left = len;
+        q->file_ended = false;
+      } else {
+        reply_iov(q, q->buf + rel, ext[i].length);
+      }
     }
   }
 }
