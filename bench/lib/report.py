@@ -232,6 +232,7 @@ def servers_cpu(out, arms, clients, transports, servers, meta):
     subjects = servers + [n for n in NULL_SERVERS
                           if any(k[1] == n for k in arms)]
     srv = lambda r: float(r["extra"]["srv_cpu_s"])
+    cli = lambda r: float(r["user_s"] or 0) + float(r["sys_s"] or 0)
     if not any("srv_cpu_s" in r["extra"] for a in arms.values()
                for r in a.rows):
         return
@@ -256,12 +257,11 @@ def servers_cpu(out, arms, clients, transports, servers, meta):
                 if not rows:
                     cells.append("-")
                     continue
-                cl = statistics.median(float(r["user_s"] or 0) +
-                                       float(r["sys_s"] or 0) for r in rows)
+                cl = statistics.median(cli(r) for r in rows)
                 sv = statistics.median(srv(r) for r in rows)
                 busy = statistics.median(
-                    (float(r["user_s"] or 0) + float(r["sys_s"] or 0) +
-                     srv(r)) / (float(r["seconds"]) * cpus) for r in rows)
+                    (cli(r) + srv(r)) / (float(r["seconds"]) * cpus)
+                    for r in rows)
                 cells.append("%.2f + %.2f (%.0f%%)" % (cl, sv, 100 * busy))
             out.append("| %s | %s | %s |" % (c, t, " | ".join(cells)))
     out.append("")
