@@ -5,7 +5,7 @@
 set -euo pipefail
 
 build_pkgs=(gcc meson ninja-build pkg-config libgnutls28-dev nettle-dev
-            libxxhash-dev)
+            libxxhash-dev zlib1g-dev libzstd-dev)
 test_pkgs=(python3 nbdkit libnbd-bin qemu-utils nbd-server gnutls-bin
            iproute2 iputils-ping iperf3 procps strace time util-linux
            e2fsprogs clang libclang-rt-14-dev)

@@ -13,6 +13,8 @@
 #include "cli/cmd.h"
 #include "copy/endpoint.h"
 #include "copy/engine.h"
+#include "format/image.h"
+#include "format/target.h"
 #include "net/loop.h"
 #include "util/log.h"
 #include "util/size.h"
@@ -27,6 +29,9 @@ struct copy_args {
   unsigned conn_requests;  /* nbdcopy's -R: per connection; 0: unset */
   uint64_t conn_queue;     /* nbdcopy's --queue-size: per connection */
   struct copy_opts o;
+  enum image_format src_format, dst_format;
+  bool src_format_given;
+  bool ignore_checksums;
 };
 
 static void
@@ -37,7 +42,15 @@ copy_usage(FILE *f)
     "SRC and DST: a file or block device, an NBD URI (nbd://HOST[:PORT]/NAME,\n"
     "nbd+unix:///NAME?socket=PATH), '-' for stdin/stdout, null: (DST only),\n"
     "or a generated SRC: pattern:SIZE, random:SIZE[:SEED], zero:SIZE,\n"
-    "sparse:SIZE[:PERIOD[:DATA]].\n\n"
+    "sparse:SIZE[:PERIOD[:DATA]]. A file may be named vhd:PATH or raw:PATH\n"
+    "to give its format.\n\n"
+    "  --src-format FMT       raw, vhd, qcow2 or auto (default for files: auto, by\n"
+    "                         the magic; a probed image never opens a\n"
+    "                         parent: name the format to allow it)\n"
+    "  --dst-format FMT       raw (default), vhd or qcow2: a dynamic VHD or\n"
+    "                         a qcow2 v3 image written in one forward pass,\n"
+    "                         to a file or '-'\n"
+    "  --ignore-checksums     read an image whose checksums are wrong\n"
     "  -C, --connections N    NBD connections per endpoint (default: %d when\n"
     "                         the server advertises multi-conn, over TCP\n"
     "                         growing to %d while the window needs them;\n"
@@ -99,7 +112,8 @@ enum {
   OPT_CONNECTIONS = 256, OPT_REQUEST_SIZE, OPT_INFLIGHT, OPT_ALLOCATED,
   OPT_DST_IS_ZERO, OPT_FLUSH, OPT_NO_FLUSH, OPT_NO_EXTENTS, OPT_NO_ZERO_COPY,
   OPT_VERIFY, OPT_TIMEOUT, OPT_JSON, OPT_NAGLE, OPT_MAX_REQUESTS,
-  OPT_SPLIT_WRITES, OPT_SYNCHRONOUS, OPT_QUEUE_SIZE,
+  OPT_SPLIT_WRITES, OPT_SYNCHRONOUS, OPT_QUEUE_SIZE, OPT_SRC_FORMAT,
+  OPT_DST_FORMAT, OPT_IGNORE_CHECKSUMS,
 };
 
 /* --progress: nothing (a bar), "json", or nbdcopy's file descriptor. */
@@ -194,6 +208,9 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     { "nagle", no_argument, NULL, OPT_NAGLE },
     { "max-requests", required_argument, NULL, OPT_MAX_REQUESTS },
     { "split-writes", no_argument, NULL, OPT_SPLIT_WRITES },
+    { "src-format", required_argument, NULL, OPT_SRC_FORMAT },
+    { "dst-format", required_argument, NULL, OPT_DST_FORMAT },
+    { "ignore-checksums", no_argument, NULL, OPT_IGNORE_CHECKSUMS },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
   };
@@ -305,6 +322,24 @@ copy_parse(int argc, char **argv, struct copy_args *a)
       break;
     case OPT_SPLIT_WRITES:
       a->split_writes = true;
+      break;
+    case OPT_SRC_FORMAT:
+      if (image_format_parse(optarg, &a->src_format) < 0) {
+        log_error("--src-format: raw, vhd, qcow2 or auto, not '%s'",
+                  optarg);
+        return 2;
+      }
+      a->src_format_given = a->src_format != IMAGE_FORMAT_AUTO;
+      break;
+    case OPT_DST_FORMAT:
+      if (image_format_parse(optarg, &a->dst_format) < 0 ||
+          a->dst_format == IMAGE_FORMAT_AUTO) {
+        log_error("--dst-format: raw, vhd or qcow2, not '%s'", optarg);
+        return 2;
+      }
+      break;
+    case OPT_IGNORE_CHECKSUMS:
+      a->ignore_checksums = true;
       break;
     case 'h':
       copy_usage(stdout);
@@ -464,7 +499,9 @@ copy_verify(struct copy_args *a, const struct copy_chunks *want,
   if (copy_session_open(&s) < 0)
     goto out;
   struct endpoint_opts eo = { .write = false, .connections = a->connections,
-                              .timeout_s = a->o.timeout_s };
+                              .timeout_s = a->o.timeout_s,
+                              .format = a->dst_format,
+                              .format_given = a->dst_format != 0 };
   if (endpoint_open(&s.env, a->dst, &eo, &s.src, err, sizeof err) < 0) {
     log_error("verify: %s", err);
     goto out;
@@ -502,6 +539,91 @@ out:
   return rc;
 }
 
+/* Which blocks of the source hold data, for a destination format that
+ * writes its block table before the blocks (a VHD). */
+struct copy_alloc {
+  uint8_t *bits;  /* one bit per block, LSB first; owned */
+  uint32_t block;
+  uint64_t blocks;
+};
+
+static enum image_format
+copy_dst_format(const struct copy_args *a)
+{
+  struct target t;
+  target_parse(a->dst, false, &t);
+  return t.format_given ? t.format : a->dst_format;
+}
+
+/* The block size of the destination's allocation map: 0 when it needs
+ * none. */
+static uint32_t
+copy_alloc_block(const struct copy_args *a)
+{
+  return image_writer_block(copy_dst_format(a));
+}
+
+static void
+copy_alloc_add(void *arg, uint64_t off, uint64_t len, bool zero)
+{
+  struct copy_alloc *al = arg;
+  if (zero || len == 0)
+    return;
+  for (uint64_t b = off / al->block; b <= (off + len - 1) / al->block &&
+                                     b < al->blocks; b++)
+    al->bits[b / 8] |= (uint8_t)(1u << (b % 8));
+}
+
+/* Which blocks of the source hold data, before the copy: a format whose
+ * tables leave first must know. The source is read once for it (holes
+ * skipped, in parallel, as a copy with no destination), so that blocks
+ * of zeroes stay unallocated too; with --sparse=0 (no zero detection)
+ * only its extents are asked. The format's size limit is checked first,
+ * so that nothing is created for a source too large. */
+static int
+copy_alloc_scan(const struct copy_args *a, struct copy_session *s,
+                struct copy_alloc *al, enum image_format f, uint32_t block)
+{
+  char err[512];
+  if (!s->src->size_known)
+    return 0; /* the destination refuses it, saying why */
+  /* Too large for the format: said before the source is walked. */
+  struct image_writer *w;
+  if (image_writer_new(f, s->src->size, NULL, &w, err, sizeof err) < 0) {
+    log_error("%s: %s", s->src->name, err);
+    return -1;
+  }
+  image_writer_free(w);
+  al->block = block;
+  al->blocks = (s->src->size + al->block - 1) / al->block;
+  if ((al->bits = calloc(al->blocks / 8 + 1, 1)) == NULL) {
+    log_error("out of memory");
+    return -1;
+  }
+  if (a->o.no_zero_detect) {
+    if (endpoint_scan(&s->env, s->src, copy_alloc_add, al, err,
+                      sizeof err) < 0) {
+      log_error("%s", err);
+      return -1;
+    }
+    return 0;
+  }
+  struct copy_opts o = { .request_size = a->o.request_size,
+                         .inflight = a->o.inflight,
+                         .timeout_s = a->o.timeout_s,
+                         .no_extents = a->o.no_extents,
+                         .progress = a->o.progress == COPY_PROGRESS_FD
+                                     ? COPY_PROGRESS_NONE : a->o.progress,
+                         .label = "scan",
+                         .data_map = al->bits, .data_map_block = block };
+  struct copy_stats st;
+  if (copy_run(&s->env, s->src, NULL, &o, &st, err, sizeof err) < 0) {
+    log_error("looking for the data of %s: %s", s->src->name, err);
+    return -1;
+  }
+  return 0;
+}
+
 int
 cmd_copy(int argc, char **argv)
 {
@@ -514,6 +636,7 @@ cmd_copy(int argc, char **argv)
   rc = 1;
   struct copy_session s;
   struct copy_chunks chunks = { 0 };
+  struct copy_alloc alloc = { 0 };
   struct copy_stats st;
   char err[512];
   if (copy_session_open(&s) < 0)
@@ -522,17 +645,28 @@ cmd_copy(int argc, char **argv)
                               .no_extents = a.o.no_extents,
                               .nagle = a.nagle,
                               .split_writes = a.split_writes,
-                              .timeout_s = a.o.timeout_s };
+                              .timeout_s = a.o.timeout_s,
+                              .format = a.src_format,
+                              .format_given = a.src_format_given,
+                              .ignore_checksums = a.ignore_checksums };
   if (endpoint_open(&s.env, a.src, &so, &s.src, err, sizeof err) < 0) {
     log_error("%s", err);
     goto out;
   }
+  uint32_t alloc_block = copy_alloc_block(&a);
+  if (alloc_block &&
+      copy_alloc_scan(&a, &s, &alloc, copy_dst_format(&a), alloc_block) < 0)
+    goto out;
   struct endpoint_opts dopt = {
     .write = true, .connections = a.connections, .allocated = a.o.allocated,
     .dense = a.o.no_zero_detect,
     .nagle = a.nagle, .split_writes = a.split_writes,
     .timeout_s = a.o.timeout_s,
     .create_size = s.src->size_known ? s.src->size : UINT64_MAX,
+    .format = a.dst_format,
+    .format_given = a.dst_format != IMAGE_FORMAT_AUTO,
+    .alloc = alloc.bits,
+    .alloc_block = alloc.block,
   };
   if (endpoint_open(&s.env, a.dst, &dopt, &s.dst, err, sizeof err) < 0) {
     log_error("%s", err);
@@ -571,5 +705,6 @@ out:
     rc = 128 + copy_signal(); /* as a shell reports it */
   copy_chunks_free(&chunks);
   copy_session_close(&s);
+  free(alloc.bits);
   return rc;
 }

@@ -14,9 +14,13 @@
 #include "client/client.h"
 #include "copy/endpoint.h"
 #include "copy/engine.h"
+#include "copy/nbd_io.h"
+#include "format/image.h"
+#include "format/target.h"
 #include "proto/nbd.h"
 #include "util/log.h"
 #include "util/size.h"
+#include "util/fileio.h"
 #include "util/text.h"
 #include "util/uri.h"
 
@@ -29,6 +33,8 @@ struct info_args {
   const char *target;
   bool json, map, list;
   unsigned timeout_s; /* per block status request; 0: wait forever */
+  enum image_format format; /* -f; a vhd: or raw: prefix wins */
+  bool ignore_checksums;
 };
 
 /* One run of the allocation map, merged with equal neighbours. */
@@ -170,8 +176,8 @@ info_map_file(FILE *out, int fd, uint64_t size, bool json)
   struct info_map m = { .out = out, .json = json };
   uint64_t off = 0;
   while (off < size) {
-    struct endpoint_extent e;
-    int r = endpoint_file_extent(fd, off, size, &e);
+    struct file_run e;
+    int r = file_run_at(fd, off, size, &e);
     if (r == -ENXIO) {
       log_error("offset %llu: the file shrank below %llu bytes while it "
                 "was read", (unsigned long long)off,
@@ -184,7 +190,7 @@ info_map_file(FILE *out, int fd, uint64_t size, bool json)
       return r;
     }
     info_map_add(&m, e.length,
-                 e.zero ? NBD_STATE_HOLE | NBD_STATE_ZERO : 0);
+                 e.hole ? NBD_STATE_HOLE | NBD_STATE_ZERO : 0);
     off += e.length;
   }
   info_map_end(&m);
@@ -475,19 +481,135 @@ info_nbd(const struct info_args *a)
   return r < 0 ? 1 : 0;
 }
 
+/* The map of an image in a format, from the format's own extents. */
+static int
+info_map_image(FILE *out, struct image *img, bool json)
+{
+  struct info_map m = { .out = out, .json = json };
+  struct image_extent ext[1024];
+  uint64_t off = 0;
+  while (off < img->size) {
+    int n = img->ops->extents(img, off, img->size - off, ext, 1024);
+    if (n <= 0) {
+      log_error("%s: allocation at offset %llu: %s", img->path,
+                (unsigned long long)off, strerror(n < 0 ? -n : EPROTO));
+      return n < 0 ? n : -EPROTO;
+    }
+    for (int i = 0; i < n && off < img->size; i++) {
+      uint64_t l = ext[i].length;
+      if (l > img->size - off)
+        l = img->size - off;
+      info_map_add(&m, l, ext[i].flags); /* IMAGE_* are NBD's bits */
+      off += l;
+    }
+  }
+  info_map_end(&m);
+  return 0;
+}
+
+static void
+info_print_image(FILE *out, struct image *img, const char *target, bool json)
+{
+  struct image_info in;
+  char sz[32];
+  img->ops->info(img, &in);
+  size_format_exact(img->size, sz, sizeof sz);
+  if (!json) {
+    fprintf(out, "file: %s\n\tformat: %s\n\tdisk-type: %s\n", target,
+            in.format, in.disk_type);
+    info_text_size(out, img->size);
+    if (in.block_size)
+      fprintf(out, "\tblock-size: %u\n", in.block_size);
+    fprintf(out, "\tallocated: %llu\n", (unsigned long long)in.allocated);
+    if (in.creator[0]) {
+      fprintf(out, "\tcreator: ");
+      info_text_str(out, in.creator);
+      fputc('\n', out);
+    }
+    for (int i = 0; i < in.nparents; i++) {
+      fprintf(out, "\tparent: ");
+      info_text_str(out, in.parents[i]);
+      fputc('\n', out);
+    }
+    return;
+  }
+  fprintf(out, "{\n\"protocol\": \"file\",\n\"exports\": [\n\t{\n\t\"uri\": ");
+  text_json_str(out, target);
+  fprintf(out, ",\n\t\"format\": \"%s\",\n\t\"disk-type\": \"%s\"",
+          in.format, in.disk_type);
+  fprintf(out, ",\n\t\"block-size\": %u,\n\t\"allocated\": %llu",
+          in.block_size, (unsigned long long)in.allocated);
+  fprintf(out, ",\n\t\"creator\": ");
+  text_json_str(out, in.creator);
+  fprintf(out, ",\n\t\"parents\": [");
+  for (int i = 0; i < in.nparents; i++) {
+    fprintf(out, i ? ", " : " ");
+    text_json_str(out, in.parents[i]);
+  }
+  fprintf(out, "%s],\n\t\"export-size\": %llu,\n\t\"export-size-str\": "
+          "\"%s\"\n\t} ]\n}\n", in.nparents ? " " : "",
+          (unsigned long long)img->size, sz);
+}
+
+/* An image that an NBD export holds as raw bytes, read through the
+ * format layer (-f names it: an export is never probed). */
+static int
+info_nbd_image(const struct info_args *a)
+{
+  struct image_io *io;
+  struct image *img;
+  char err[512];
+  struct image_opts io_opts = { .format = a->format, .format_given = true,
+                                .ignore_checksums = a->ignore_checksums };
+  if (nbd_io_open(a->target, a->timeout_s, &io, err, sizeof err) < 0 ||
+      image_open_io(io, a->target, &io_opts, &img, err, sizeof err) < 0) {
+    log_error("%s", err);
+    return 1;
+  }
+  int r = 0;
+  if (a->map)
+    r = info_map_image(a->out, img, a->json);
+  else
+    info_print_image(a->out, img, a->target, a->json);
+  image_close(img);
+  return r < 0 ? 1 : 0;
+}
+
 static int
 info_file(const struct info_args *a)
 {
-  int fd = open(a->target, O_RDONLY | O_CLOEXEC);
+  struct target t;
+  target_parse(a->target, false, &t);
+  struct image_opts io = {
+    .format = t.format_given ? t.format : a->format,
+    .format_given = t.format_given || a->format != IMAGE_FORMAT_AUTO,
+    .ignore_checksums = a->ignore_checksums,
+  };
+  struct image *img;
+  char err[512];
+  int r = image_open(t.arg, &io, &img, err, sizeof err);
+  if (r < 0) {
+    log_error("%s", err);
+    return 1;
+  }
+  if (img) {
+    if (a->map)
+      r = info_map_image(a->out, img, a->json);
+    else
+      info_print_image(a->out, img, a->target, a->json);
+    image_close(img);
+    return r < 0 ? 1 : 0;
+  }
+  int fd = open(t.arg, O_RDONLY | O_CLOEXEC);
   uint64_t size;
   char sz[32];
   if (fd < 0) {
-    log_error("open %s: %s", a->target, strerror(errno));
+    log_error("open %s: %s", t.arg, strerror(errno));
     return 1;
   }
-  int r = endpoint_file_size(fd, &size);
+  r = file_size(fd, &size);
   if (r < 0) {
-    log_error("size of %s: %s", a->target, strerror(-r));
+    log_error("size of %s: %s", t.arg, strerror(-r));
     close(fd);
     return 1;
   }
@@ -498,11 +620,11 @@ info_file(const struct info_args *a)
             "{\n\"protocol\": \"file\",\n\"exports\": [\n\t{\n\t\"uri\": ");
     text_json_str(a->out, a->target);
     fprintf(a->out,
-            ",\n\t\"export-size\": %llu,\n\t\"export-size-str\": \"%s\"\n\t} "
-            "]\n}\n",
+            ",\n\t\"format\": \"raw\",\n\t\"export-size\": %llu,\n\t"
+            "\"export-size-str\": \"%s\"\n\t} ]\n}\n",
             (unsigned long long)size, size_format_exact(size, sz, sizeof sz));
   } else {
-    fprintf(a->out, "file: %s\n", a->target);
+    fprintf(a->out, "file: %s\n\tformat: raw\n", a->target);
     info_text_size(a->out, size);
   }
   close(fd);
@@ -513,10 +635,14 @@ static void
 info_usage(FILE *f)
 {
   fprintf(f,
-          "Usage: nbdflow info [--json] [--map] [--list] [--timeout SECONDS]\n"
+          "Usage: nbdflow info [-f FMT] [--json] [--map] [--list] [--timeout SECONDS]\n"
           "                    TARGET\n\n"
           "TARGET is an NBD URI (nbd://HOST[:PORT]/EXPORT,\n"
-          "nbd+unix:///EXPORT?socket=PATH) or a local file or block device.\n\n"
+          "nbd+unix:///EXPORT?socket=PATH) or a local file or block device\n"
+          "(vhd:PATH, qcow2:PATH or raw:PATH gives its format).\n\n"
+          "  -f, --format FMT  raw, vhd, qcow2 or auto (default: auto, by the\n"
+          "           magic; a probed image never opens a parent)\n"
+          "  --ignore-checksums  read an image whose checksums are wrong\n"
           "  --json   machine-readable output\n"
           "  --map    print the allocation map (base:allocation or\n"
           "           SEEK_DATA/SEEK_HOLE) instead of the summary\n"
@@ -584,13 +710,24 @@ cmd_info(int argc, char **argv)
   static const struct option longopts[] = {
     { "json", no_argument, NULL, 'j' }, { "map", no_argument, NULL, 'm' },
     { "list", no_argument, NULL, 'l' }, { "help", no_argument, NULL, 'h' },
-    { "timeout", required_argument, NULL, 'T' }, { NULL, 0, NULL, 0 },
+    { "timeout", required_argument, NULL, 'T' },
+    { "format", required_argument, NULL, 'f' },
+    { "ignore-checksums", no_argument, NULL, 'I' }, { NULL, 0, NULL, 0 },
   };
   struct info_args a = { .timeout_s = COPY_DEFAULT_TIMEOUT };
   int ch;
   optind = 1;
-  while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "hf:", longopts, NULL)) != -1) {
     switch (ch) {
+    case 'f':
+      if (image_format_parse(optarg, &a.format) < 0) {
+        log_error("--format: raw, vhd, qcow2 or auto, not '%s'", optarg);
+        return 2;
+      }
+      break;
+    case 'I':
+      a.ignore_checksums = true;
+      break;
     case 'j':
       a.json = true;
       break;
@@ -615,6 +752,11 @@ cmd_info(int argc, char **argv)
     return cmd_usage_error("info", optind == argc ? "no TARGET given"
                                                   : "one TARGET only");
   a.target = argv[optind];
+  if (a.list && uri_is_uri(a.target) && a.format > IMAGE_FORMAT_RAW) {
+    log_error("--list shows the server's exports: -f %s reads one",
+              image_format_name(a.format));
+    return 2;
+  }
   if (a.list && a.map) {
     log_error("--list and --map do not go together: --map shows one "
               "export's map");
@@ -627,7 +769,9 @@ cmd_info(int argc, char **argv)
              "comes", dir, strerror(errno));
     a.out = stdout;
   }
-  int rc = uri_is_uri(a.target) ? info_nbd(&a) : info_file(&a);
+  int rc = !uri_is_uri(a.target)          ? info_file(&a)
+           : a.format > IMAGE_FORMAT_RAW ? info_nbd_image(&a)
+                                         : info_nbd(&a);
   if (a.out != stdout) {
     if (rc == 0)
       rc = info_flush_spool(a.out, dir);

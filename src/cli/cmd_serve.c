@@ -17,7 +17,11 @@ serve_usage(FILE *f)
 "\n"
 "Serve each TARGET as an NBD export. TARGET is a file or block device,\n"
 "memory:SIZE (a RAM disk, zeroed) or null:SIZE (reads zeroes, discards\n"
-"writes). SIZE takes K, M, G, T suffixes (powers of 1024). The first\n"
+"writes). SIZE takes K, M, G, T suffixes (powers of 1024). A file in a\n"
+"format (VHD) is found by its magic and served read-only, its virtual\n"
+"disk with its holes; vhd:PATH names the format, which a differencing\n"
+"VHD needs (a probed image never opens a parent), and raw:PATH serves\n"
+"the file as it is. The first\n"
 "export is also the default export (the empty name); an export without\n"
 "NAME= is named by TARGET as written.\n"
 "\n"
@@ -26,6 +30,7 @@ serve_usage(FILE *f)
 "                             IPv6 as [::1]:10809)\n"
 "  -u, --unix PATH            listen on a Unix socket instead\n"
 "  -r, --read-only            serve every export read-only\n"
+"      --ignore-checksums     serve images whose checksums are wrong\n"
 "      --max-connections N    refuse connections beyond N (default: no limit)\n"
 "      --max-inflight N       requests in flight per connection (default %d);\n"
 "                             their data is held to %u MiB per connection\n"
@@ -115,11 +120,13 @@ int
 cmd_serve(int argc, char **argv)
 {
   enum { OPT_MAXCONN = 256, OPT_INFLIGHT, OPT_HSTIMEOUT, OPT_THREADS,
-         OPT_LOOPS, OPT_STATS, OPT_TLS, OPT_TLS_CERTS, OPT_TLS_PSK, OPT_TLS_VERIFY };
+         OPT_LOOPS, OPT_STATS, OPT_TLS, OPT_TLS_CERTS, OPT_TLS_PSK, OPT_TLS_VERIFY,
+         OPT_IGNORE_CHECKSUMS };
   static const struct option opts[] = {
     { "listen", required_argument, NULL, 'l' },
     { "unix", required_argument, NULL, 'u' },
     { "read-only", no_argument, NULL, 'r' },
+    { "ignore-checksums", no_argument, NULL, OPT_IGNORE_CHECKSUMS },
     { "max-connections", required_argument, NULL, OPT_MAXCONN },
     { "max-inflight", required_argument, NULL, OPT_INFLIGHT },
     { "handshake-timeout", required_argument, NULL, OPT_HSTIMEOUT },
@@ -155,6 +162,9 @@ cmd_serve(int argc, char **argv)
       break;
     case 'r':
       cfg.read_only = true;
+      break;
+    case OPT_IGNORE_CHECKSUMS:
+      cfg.ignore_checksums = true;
       break;
     case OPT_MAXCONN:
       r = serve_int("--max-connections", optarg, 1, 1 << 20,

@@ -9,6 +9,7 @@
 #include "cli/cmd.h"
 #include "copy/endpoint.h"
 #include "copy/engine.h"
+#include "format/image.h"
 #include "net/loop.h"
 #include "util/hash.h"
 #include "util/log.h"
@@ -20,7 +21,11 @@ sum_usage(FILE *f)
   fprintf(f,
           "Usage: nbdflow sum [--algo ALGO] [--progress[=json]] "
           "[--connections N]\n"
-          "                   [--timeout SECONDS] SRC\n\n"
+          "                   [--timeout SECONDS] [-f FMT] "
+          "[--ignore-checksums] SRC\n\n"
+          "-f, --format FMT: raw, vhd, qcow2 or auto (files: auto, by the magic; a\n"
+          "probed image never opens a parent); FMT:PATH too.\n"
+          "An image's digest is its virtual disk's.\n"
           "Prints the digest of SRC's whole content, as the matching *sum\n"
           "tool prints it for the raw image. ALGO: %s\n"
           "(default xxh128, the fastest; sha256 equals sha256sum).\n"
@@ -38,18 +43,31 @@ cmd_sum(int argc, char **argv)
     { "progress", optional_argument, NULL, 'p' },
     { "connections", required_argument, NULL, 'c' },
     { "timeout", required_argument, NULL, 'T' },
+    { "format", required_argument, NULL, 'f' },
+    { "ignore-checksums", no_argument, NULL, 'I' },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
   };
   enum hash_algo algo = HASH_XXH128;
+  enum image_format format = IMAGE_FORMAT_AUTO;
+  bool ignore_checksums = false;
   struct copy_opts o = { .label = "sum",
                          .timeout_s = COPY_DEFAULT_TIMEOUT };
   unsigned conns = 0;
   uint64_t v;
   int ch;
   optind = 1;
-  while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "hf:", longopts, NULL)) != -1) {
     switch (ch) {
+    case 'f':
+      if (image_format_parse(optarg, &format) < 0) {
+        log_error("--format: raw, vhd, qcow2 or auto, not '%s'", optarg);
+        return 2;
+      }
+      break;
+    case 'I':
+      ignore_checksums = true;
+      break;
     case 'a':
       if (hash_parse(optarg, &algo) < 0) {
         log_error("--algo: unknown '%s' (known: %s)", optarg, hash_names());
@@ -98,7 +116,9 @@ cmd_sum(int argc, char **argv)
   }
   env_ok = true;
   struct endpoint_opts eo = { .connections = conns,
-                              .timeout_s = o.timeout_s };
+                              .timeout_s = o.timeout_s, .format = format,
+                              .format_given = format != IMAGE_FORMAT_AUTO,
+                              .ignore_checksums = ignore_checksums };
   if (endpoint_open(&env, spec, &eo, &src, err, sizeof err) < 0) {
     log_error("%s", err);
     goto out;

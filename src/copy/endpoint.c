@@ -14,9 +14,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "copy/nbd_io.h"
+#include "format/image.h"
+#include "format/target.h"
 #include "net/loop.h"
+#include "util/fileio.h"
 #include "util/zero.h"
-#include "util/uri.h"
 
 #define FILE_SPARSE_BLOCK 4096
 #define FILE_PREFETCH_EXTENTS 256
@@ -29,6 +32,7 @@ struct file_priv {
   bool fresh;          /* destination was empty: reads as zeroes */
   bool dense;          /* -S 0: data is written whole even where fresh */
   bool is_pipe;
+  bool mappable;       /* a readable regular file or device: map works */
   /* A destination file whose size is unknown (the source is a pipe)
    * starts empty and grows. Every write and zero first grows it to its
    * own end under grow_lock, so no ftruncate can cut off what another
@@ -91,54 +95,6 @@ ep_env_drain(struct ep_env *env)
     op->done(op);
     op = next;
   }
-}
-
-int
-endpoint_file_size(int fd, uint64_t *size)
-{
-  struct stat st;
-  if (fstat(fd, &st) < 0)
-    return -errno;
-  if (S_ISREG(st.st_mode)) {
-    *size = (uint64_t)st.st_size;
-    return 0;
-  }
-  if (S_ISBLK(st.st_mode))
-    return ioctl(fd, BLKGETSIZE64, size) < 0 ? -errno : 0;
-  return S_ISDIR(st.st_mode) ? -EISDIR : -ESPIPE;
-}
-
-int
-endpoint_file_extent(int fd, uint64_t off, uint64_t size,
-                     struct endpoint_extent *e)
-{
-  off_t d = lseek(fd, (off_t)off, SEEK_DATA);
-  if (d < 0) {
-    if (errno == ENXIO) { /* only a hole remains, or the file shrank */
-      struct stat st;
-      if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
-          (uint64_t)st.st_size < size)
-        return -ENXIO; /* what is gone must not be copied as zeroes */
-      *e = (struct endpoint_extent){ size - off, true };
-      return 0;
-    }
-    if (errno == EINVAL || errno == ENOTSUP || errno == EOPNOTSUPP) {
-      *e = (struct endpoint_extent){ size - off, false };
-      return 0;
-    }
-    return -errno;
-  }
-  if ((uint64_t)d > off) {
-    uint64_t end = (uint64_t)d < size ? (uint64_t)d : size;
-    *e = (struct endpoint_extent){ end - off, true };
-    return 0;
-  }
-  off_t h = lseek(fd, (off_t)off, SEEK_HOLE);
-  uint64_t end = h < 0 || (uint64_t)h > size ? size : (uint64_t)h;
-  if (end <= off)
-    end = size;
-  *e = (struct endpoint_extent){ end - off, false };
-  return 0;
 }
 
 /* ---- worker-side file and pipe I/O ---- */
@@ -251,10 +207,7 @@ file_zero(struct file_priv *p, uint64_t off, uint64_t len, bool *skipped)
     *skipped = true;
     return 0;
   }
-  if (fallocate(p->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                (off_t)off, (off_t)len) == 0)
-    return 0;
-  if (fallocate(p->fd, FALLOC_FL_ZERO_RANGE, (off_t)off, (off_t)len) == 0)
+  if (file_punch_or_zero(p->fd, off, len) == 0)
     return 0;
   while (len > 0) {
     size_t n = len > sizeof ep_zero_page ? sizeof ep_zero_page : len;
@@ -273,8 +226,8 @@ file_extents(struct endpoint *e, struct ep_op *op)
   struct file_priv *p = e->priv;
   uint64_t off = op->offset, end = op->offset + op->length;
   while (off < end && op->nextents < op->max_extents) {
-    struct endpoint_extent x;
-    int r = endpoint_file_extent(p->fd, off, e->size, &x);
+    struct file_run run;
+    int r = file_run_at(p->fd, off, e->size, &run);
     if (r == -ENXIO) {
       snprintf(op->errmsg, sizeof op->errmsg,
                "the file is now shorter than the %llu bytes being copied",
@@ -283,8 +236,9 @@ file_extents(struct endpoint *e, struct ep_op *op)
     }
     if (r < 0)
       return r;
-    op->extents[op->nextents++] = x;
-    off += x.length;
+    op->extents[op->nextents++] = (struct endpoint_extent){ run.length,
+                                                            run.hole };
+    off += run.length;
   }
   return 0;
 }
@@ -424,10 +378,24 @@ file_close(struct endpoint *e)
   free(p);
 }
 
+/* A raw file or device maps one to one. */
+static int
+file_map(struct endpoint *e, uint64_t off, uint64_t len,
+         struct endpoint_map *m)
+{
+  struct file_priv *p = e->priv;
+  if (!p->mappable || off >= e->size)
+    return -EAGAIN;
+  uint64_t n = e->size - off < len ? e->size - off : len;
+  *m = (struct endpoint_map){ p->fd, off, n };
+  return 0;
+}
+
 static const struct endpoint_ops file_ops = {
   .kind = "file",
   .submit = file_submit,
   .close = file_close,
+  .map = file_map,
 };
 
 static int
@@ -437,43 +405,43 @@ ep_fail(char *err, size_t errlen, int r, const char *fmt, const char *a)
   return r;
 }
 
-static struct endpoint *
-ep_alloc(struct ep_env *env, const char *spec, const struct endpoint_ops *ops)
+struct endpoint *
+endpoint_new(struct ep_env *env, const char *name,
+             const struct endpoint_ops *ops, void *priv)
 {
   struct endpoint *e = calloc(1, sizeof *e);
   if (e == NULL)
     return NULL;
   e->ops = ops;
   e->env = env;
-  e->name = spec;
+  e->name = name;
   e->align = 1;
   e->max_request = 32u << 20;
   e->connections = 1;
-  e->file_fd = -1;
   e->size_known = true;
+  e->priv = priv;
   return e;
 }
 
 static int
-file_open(struct ep_env *env, const char *spec, const struct endpoint_opts *o,
-          struct endpoint **out, char *err, size_t errlen)
+file_open(struct ep_env *env, const char *spec, const char *path,
+          const struct endpoint_opts *o, struct endpoint **out, char *err,
+          size_t errlen)
 {
   bool pipe = strcmp(spec, "-") == 0;
   struct file_priv *p = calloc(1, sizeof *p);
-  struct endpoint *e = ep_alloc(env, spec, &file_ops);
+  struct endpoint *e = p ? endpoint_new(env, spec, &file_ops, p) : NULL;
   int r;
-  if (p == NULL || e == NULL) {
+  if (e == NULL) {
     free(p);
-    free(e);
     return ep_fail(err, errlen, -ENOMEM, "%s: %s", spec);
   }
   pthread_mutex_init(&p->grow_lock, NULL);
-  e->priv = p;
   p->is_pipe = pipe;
   if (pipe)
     p->fd = o->write ? STDOUT_FILENO : STDIN_FILENO;
   else
-    p->fd = open(spec, o->write ? O_WRONLY | O_CREAT | O_CLOEXEC
+    p->fd = open(path, o->write ? O_WRONLY | O_CREAT | O_CLOEXEC
                                 : O_RDONLY | O_CLOEXEC, 0644);
   if (p->fd < 0) {
     r = ep_fail(err, errlen, -errno, "open %s: %s", spec);
@@ -520,7 +488,7 @@ file_open(struct ep_env *env, const char *spec, const struct endpoint_opts *o,
                 spec);
     goto fail;
   }
-  r = endpoint_file_size(p->fd, &e->size);
+  r = file_size(p->fd, &e->size);
   if (r < 0) {
     r = ep_fail(err, errlen, r, "size of %s: %s", spec);
     goto fail;
@@ -530,8 +498,7 @@ file_open(struct ep_env *env, const char *spec, const struct endpoint_opts *o,
     e->size_known = false;
   }
   e->has_extents = S_ISREG(st.st_mode);
-  if (!o->write)
-    e->file_fd = p->fd; /* regular file or device: sendfile can read it */
+  p->mappable = !o->write; /* regular file or device: sendfile reads it */
   if (!o->write && e->has_extents && e->size > 0 && !o->no_extents)
     file_prefetch_start(e);
   *out = e;
@@ -565,32 +532,105 @@ static const struct endpoint_ops null_ops = {
   .close = null_close,
 };
 
+static int
+null_open(struct ep_env *env, const char *spec, const struct endpoint_opts *o,
+          struct endpoint **out, char *err, size_t errlen)
+{
+  if (!o->write)
+    return ep_fail(err, errlen, -EINVAL, "%s: %s (only as destination)",
+                   spec);
+  struct endpoint *e = endpoint_new(env, spec, &null_ops, NULL);
+  if (e == NULL)
+    return ep_fail(err, errlen, -ENOMEM, "%s: %s", spec);
+  e->writable = e->can_zero = e->can_flush = true;
+  e->size = UINT64_MAX;
+  e->size_known = false;
+  *out = e;
+  return 0;
+}
+
+/* An image held by an NBD export as raw bytes, read through the format
+ * layer: the format is named (an export is never probed). */
+static int
+nbd_image_open(struct ep_env *env, const char *spec,
+               const struct endpoint_opts *o, struct endpoint **out,
+               char *err, size_t errlen)
+{
+  struct image_io *io;
+  int r = nbd_io_open(spec, o->timeout_s, &io, err, errlen);
+  if (r < 0)
+    return r;
+  struct image_opts io_opts = { .format = o->format, .format_given = true,
+                                .ignore_checksums = o->ignore_checksums };
+  struct image *img;
+  r = image_open_io(io, spec, &io_opts, &img, err, errlen);
+  if (r < 0)
+    return r;
+  return endpoint_open_image(env, spec, img, out, err, errlen);
+}
+
+/* A file source: an image in a format goes through the format layer, a
+ * raw file is read as it is. */
+static int
+source_open(struct ep_env *env, const char *spec, const struct target *t,
+            const struct endpoint_opts *o, struct endpoint **out, char *err,
+            size_t errlen)
+{
+  struct image_opts io = {
+    .format = t->format_given ? t->format : o->format,
+    .format_given = t->format_given || o->format_given,
+    .ignore_checksums = o->ignore_checksums,
+  };
+  struct image *img;
+  int r = image_open(t->arg, &io, &img, err, errlen);
+  if (r < 0)
+    return r;
+  if (r > 0)
+    return endpoint_open_image(env, spec, img, out, err, errlen);
+  return file_open(env, spec, t->arg, o, out, err, errlen);
+}
+
 int
 endpoint_open(struct ep_env *env, const char *spec,
               const struct endpoint_opts *o, struct endpoint **out,
               char *err, size_t errlen)
 {
-  if (uri_is_uri(spec))
+  struct target t;
+  target_parse(spec, !o->write, &t);
+  switch (t.kind) {
+  case TARGET_NBD:
+    if (o->format > IMAGE_FORMAT_RAW && o->write)
+      return ep_fail(err, errlen, -ENOTSUP,
+                     "%s: %s (an image is written to a file or '-'; an NBD "
+                     "export is written raw)", spec);
+    if (o->format > IMAGE_FORMAT_RAW)
+      return nbd_image_open(env, spec, o, out, err, errlen);
     return endpoint_open_nbd(env, spec, o, out, err, errlen);
-  if (strcmp(spec, "null:") == 0) {
-    if (!o->write)
-      return ep_fail(err, errlen, -EINVAL, "%s: %s (only as destination)",
-                     spec);
-    struct endpoint *e = ep_alloc(env, spec, &null_ops);
-    if (e == NULL)
-      return ep_fail(err, errlen, -ENOMEM, "%s: %s", spec);
-    e->writable = e->can_zero = e->can_flush = true;
-    e->size = UINT64_MAX;
-    e->size_known = false;
-    *out = e;
-    return 0;
+  case TARGET_NULL:
+    if (t.arg[0] == '\0')
+      return null_open(env, spec, o, out, err, errlen);
+    t.arg = spec; /* "null:x" is a file called that */
+    break;
+  case TARGET_GEN:
+    return endpoint_open_gen(env, spec, out, err, errlen);
+  case TARGET_MEMORY:
+    t.arg = spec;
+    break;
+  default:
+    break;
   }
-  if (!o->write) {
-    int r = endpoint_open_gen(env, spec, out, err, errlen);
-    if (r != -ENOENT)
-      return r;
-  }
-  return file_open(env, spec, o, out, err, errlen);
+  bool pipe = t.kind == TARGET_PIPE;
+  enum image_format f = t.format_given ? t.format : o->format;
+  if (o->write && f > IMAGE_FORMAT_RAW)
+    return endpoint_open_image_out(env, spec, pipe ? NULL : t.arg, f, o, out,
+                                   err, errlen);
+  if (!o->write && !pipe)
+    return source_open(env, spec, &t, o, out, err, errlen);
+  if (pipe && f > IMAGE_FORMAT_RAW)
+    return ep_fail(err, errlen, -ENOTSUP,
+                   "%s: %s (an image is read from a file: its tables point "
+                   "anywhere in it)", spec);
+  return file_open(env, spec, t.arg, o, out, err, errlen);
 }
 
 void
@@ -600,4 +640,103 @@ endpoint_close(struct endpoint *e)
     return;
   e->ops->close(e);
   free(e);
+}
+
+/* ---- a walk over a source's extents before a copy ---- */
+
+#define SCAN_BATCH 1024
+
+struct scan {
+  struct ep_env *env;
+  struct endpoint *src;
+  struct ep_op op;
+  struct endpoint_extent ext[SCAN_BATCH];
+  uint64_t pos;
+  endpoint_scan_fn fn;
+  void *arg;
+  int err;
+  char errmsg[128];
+  bool busy;
+};
+
+static void scan_next(struct scan *s);
+
+static void
+scan_done(struct ep_op *op)
+{
+  struct scan *s = op->arg;
+  s->busy = false;
+  if (op->err == 0 && op->nextents == 0)
+    op->err = EPROTO;
+  if (op->err) {
+    s->err = op->err;
+    memcpy(s->errmsg, op->errmsg, sizeof s->errmsg);
+    loop_stop(s->env->loop);
+    return;
+  }
+  for (size_t i = 0; i < op->nextents && s->pos < s->src->size; i++) {
+    uint64_t l = op->extents[i].length;
+    if (l > s->src->size - s->pos)
+      l = s->src->size - s->pos;
+    s->fn(s->arg, s->pos, l, op->extents[i].zero);
+    s->pos += l;
+  }
+  scan_next(s);
+}
+
+static void
+scan_next(struct scan *s)
+{
+  if (s->pos >= s->src->size) {
+    loop_stop(s->env->loop);
+    return;
+  }
+  uint64_t len = s->src->size - s->pos;
+  s->op = (struct ep_op){
+    .type = EP_EXTENTS, .offset = s->pos,
+    .length = len < ENDPOINT_STATUS_SPAN ? len : ENDPOINT_STATUS_SPAN,
+    .extents = s->ext, .max_extents = SCAN_BATCH, .done = scan_done,
+    .arg = s };
+  s->busy = true;
+  int r = endpoint_submit(s->src, &s->op);
+  if (r < 0) {
+    s->busy = false;
+    s->err = -r;
+    loop_stop(s->env->loop);
+  }
+}
+
+static void
+scan_tick(struct loop *l, void *arg)
+{
+  struct scan *s = arg;
+  (void)l;
+  ep_env_drain(s->env);
+}
+
+int
+endpoint_scan(struct ep_env *env, struct endpoint *src, endpoint_scan_fn fn,
+              void *arg, char *err, size_t errlen)
+{
+  if (!src->has_extents || !src->size_known) {
+    if (src->size_known && src->size)
+      fn(arg, 0, src->size, false);
+    return 0;
+  }
+  struct scan *s = calloc(1, sizeof *s);
+  if (s == NULL)
+    return ep_fail(err, errlen, -ENOMEM, "%s: %s", src->name);
+  *s = (struct scan){ .env = env, .src = src, .fn = fn, .arg = arg };
+  loop_set_tick(env->loop, 100, scan_tick, s);
+  scan_next(s);
+  int r = loop_run(env->loop); /* every way out of the walk stops it */
+  loop_set_tick(env->loop, 0, NULL, NULL);
+  if (r == 0 && s->err)
+    r = -s->err;
+  if (r < 0)
+    snprintf(err, errlen, "block status of %s at offset %llu: %s%s%s",
+             src->name, (unsigned long long)s->pos, strerror(-r),
+             s->errmsg[0] ? ": " : "", s->errmsg);
+  free(s);
+  return r;
 }

@@ -12,8 +12,10 @@
  * Buffer ownership: op->buf belongs to whoever owns the op (the copy
  * engine); the endpoint borrows it from submit until done. A WRITE to an
  * endpoint with can_send_file may carry a file range instead of a buffer
- * (from_file): the source file's fd and offset, borrowed the same way
- * until done; the payload then never enters user space. */
+ * (from_file): a descriptor and host offset that the source's map
+ * operation gave for the range, borrowed the same way until done; the
+ * payload then never enters user space. Only map says where a virtual
+ * range lies in a file: an endpoint without it never feeds from_file. */
 #ifndef NBDFLOW_COPY_ENDPOINT_H
 #define NBDFLOW_COPY_ENDPOINT_H
 
@@ -23,6 +25,7 @@
 #include <stdint.h>
 
 #include "client/client.h"
+#include "format/image.h"
 #include "util/workq.h"
 
 /* Connections opened to a server advertising multi-conn, unless told;
@@ -48,6 +51,14 @@
 struct loop;
 struct endpoint;
 
+/* Where a virtual range of a readable endpoint lies in a file: length
+ * bytes at host_off of fd (owned by the endpoint, valid until close). */
+struct endpoint_map {
+  int fd;
+  uint64_t host_off;
+  uint64_t length;
+};
+
 struct endpoint_extent {
   uint64_t length;
   bool zero; /* reads as zeroes (hole or known zero); else data */
@@ -64,7 +75,8 @@ struct ep_op {
   uint64_t offset;
   uint64_t length;  /* READ from a pipe: shrinks to what was read at EOF */
   uint8_t *buf;     /* READ/WRITE; borrowed until done */
-  bool from_file;   /* WRITE: payload is file_fd at file_off, buf unused */
+  bool from_file;   /* WRITE: payload is file_fd at file_off (from the
+                       source's map), buf unused */
   int file_fd;
   uint64_t file_off;
   struct endpoint_extent *extents; /* EXTENTS: room for max_extents */
@@ -124,6 +136,15 @@ struct endpoint_ops {
    * connection count is automatic may start more connections so that
    * none has to hold more than its transport can; it never closes any. */
   void (*fit_window)(struct endpoint *e, uint64_t bytes);
+  /* Optional, loop thread, never blocks: where [off, off + len) of a
+   * readable endpoint lies in a file, so that its bytes may leave by
+   * sendfile(2) without being read here. Fills m with a run of 1 to len
+   * bytes from off and returns 0, or returns -EAGAIN when the range (or
+   * its start) cannot be mapped without I/O or not at all: the caller
+   * then reads it. A raw file maps one to one; a format maps within its
+   * data blocks. */
+  int (*map)(struct endpoint *e, uint64_t off, uint64_t len,
+             struct endpoint_map *m);
 };
 
 struct endpoint {
@@ -147,9 +168,6 @@ struct endpoint {
   unsigned connections;
   bool multi_conn;    /* server allows several connections */
   bool can_send_file; /* WRITE accepts from_file (plain NBD transport) */
-  int file_fd;        /* readable regular file or block device whose
-                         ranges may feed from_file writes, else -1;
-                         owned by the endpoint */
   uint64_t t_answer_us; /* loop_now_us() of the last answer
                            to part of an op still in flight (an op sent
                            in pieces); 0: none. The no-reply watchdog
@@ -173,6 +191,18 @@ struct endpoint_opts {
   bool nagle;
   bool split_writes;
   unsigned timeout_s; /* NBD: the command's --timeout (client_handshake_ms) */
+  /* Files: the image format (--src-format / --dst-format; a "vhd:" or
+   * "raw:" prefix on the target wins), whether the user named it (only
+   * then may a source open parents), and --ignore-checksums. */
+  enum image_format format;
+  bool format_given;
+  bool ignore_checksums;
+  /* An image destination (VHD, qcow2): the source's allocation, one bit
+   * per block of alloc_block bytes (set: holds data), LSB first, owned by
+   * the caller until the endpoint is closed; NULL: every block holds
+   * data. */
+  const uint8_t *alloc;
+  uint32_t alloc_block;
 };
 
 /* Opens spec: an NBD URI, "null:", "-", a generated source
@@ -197,6 +227,15 @@ endpoint_submit(struct endpoint *e, struct ep_op *op)
   return e->ops->submit(e, op);
 }
 
+/* Walks src's extents from 0 to its size on env's loop (not while a
+ * copy runs it), calling fn for each run in order: zero when it reads as
+ * zeroes. A source without extents is one data run. 0 or -errno with a
+ * sentence in err. */
+typedef void (*endpoint_scan_fn)(void *arg, uint64_t off, uint64_t len,
+                                 bool zero);
+int endpoint_scan(struct ep_env *env, struct endpoint *src,
+                  endpoint_scan_fn fn, void *arg, char *err, size_t errlen);
+
 int ep_env_init(struct ep_env *env, struct loop *loop, int nthreads);
 void ep_env_fini(struct ep_env *env);
 /* From any thread: hands a finished op back to the loop thread. */
@@ -204,12 +243,12 @@ void ep_env_complete(struct ep_env *env, struct ep_op *op);
 /* On the loop thread: calls done for every op handed back. */
 void ep_env_drain(struct ep_env *env);
 
-/* File helpers shared with info. endpoint_file_extent describes the run
- * starting at off (data or hole) up to size; -ENXIO when a regular file
- * is now shorter than size. */
-int endpoint_file_size(int fd, uint64_t *size);
-int endpoint_file_extent(int fd, uint64_t off, uint64_t size,
-                         struct endpoint_extent *e);
+/* The one constructor of struct endpoint, for every kind: the shared
+ * defaults (one connection, alignment 1, 32 MiB requests, a known size),
+ * with ops and priv (owned by the endpoint from here on). NULL when out
+ * of memory. */
+struct endpoint *endpoint_new(struct ep_env *env, const char *name,
+                              const struct endpoint_ops *ops, void *priv);
 
 /* Per-kind constructors, used by endpoint_open. */
 int endpoint_open_nbd(struct ep_env *env, const char *spec,
@@ -218,5 +257,17 @@ int endpoint_open_nbd(struct ep_env *env, const char *spec,
 /* Returns -ENOENT, writing nothing, when spec names no generator. */
 int endpoint_open_gen(struct ep_env *env, const char *spec,
                       struct endpoint **out, char *err, size_t errlen);
+/* An image in format f (a dynamic VHD, a qcow2) written in one forward
+ * pass (format/image.h's writer) into path, or stdout when path is NULL;
+ * o->create_size is the disk's size, o->alloc its allocation. */
+int endpoint_open_image_out(struct ep_env *env, const char *spec,
+                            const char *path, enum image_format f,
+                            const struct endpoint_opts *o,
+                            struct endpoint **out, char *err, size_t errlen);
+/* A disk image in a format (VHD...) read through the format layer. */
+struct image;
+int endpoint_open_image(struct ep_env *env, const char *spec,
+                        struct image *img, struct endpoint **out,
+                        char *err, size_t errlen);
 
 #endif

@@ -213,14 +213,12 @@ endpoint_open_gen(struct ep_env *env, const char *spec, struct endpoint **out,
     return -EINVAL;
   }
   struct gen_priv *p = calloc(1, sizeof *p);
-  struct endpoint *e = calloc(1, sizeof *e);
-  if (p == NULL || e == NULL) {
+  struct endpoint *e = p ? endpoint_new(env, spec, &gen_ops, p) : NULL;
+  if (e == NULL) {
     free(p);
-    free(e);
     snprintf(err, errlen, "out of memory");
     return -ENOMEM;
   }
-  e->file_fd = -1;
   p->kind = kinds[k].kind;
   if (p->kind == GEN_RANDOM)
     p->seed = v[1];
@@ -234,16 +232,9 @@ endpoint_open_gen(struct ep_env *env, const char *spec, struct endpoint **out,
       return -EINVAL;
     }
   }
-  e->ops = &gen_ops;
-  e->env = env;
-  e->name = spec;
   e->size = v[0];
-  e->size_known = e->readable = true;
+  e->readable = true;
   e->has_extents = p->kind == GEN_ZERO || p->kind == GEN_SPARSE;
-  e->align = 1;
-  e->max_request = 32u << 20;
-  e->connections = 1;
-  e->priv = p;
   *out = e;
   return 0;
 }

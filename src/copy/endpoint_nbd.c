@@ -760,18 +760,12 @@ endpoint_open_nbd(struct ep_env *env, const char *spec,
                   char *err, size_t errlen)
 {
   struct nbd_priv *p = calloc(1, sizeof *p);
-  struct endpoint *e = calloc(1, sizeof *e);
-  if (p == NULL || e == NULL) {
+  struct endpoint *e = p ? endpoint_new(env, spec, &nbd_ops, p) : NULL;
+  if (e == NULL) {
     free(p);
-    free(e);
     snprintf(err, errlen, "out of memory");
     return -ENOMEM;
   }
-  e->ops = &nbd_ops;
-  e->env = env;
-  e->file_fd = -1;
-  e->name = spec;
-  e->priv = p;
   int r = uri_parse(spec, &p->uri, err, errlen);
   if (r < 0) {
     free(p);

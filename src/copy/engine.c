@@ -31,8 +31,11 @@ struct cop {
   bool hashed;
   bool in_order;      /* linked in the ordering gate's list */
   bool data;          /* a data piece: charged to the window */
-  bool from_file;     /* data sent straight from the source file's range,
-                         which this piece borrows until release; no buf */
+  bool from_file;     /* data sent straight from the file range that the
+                         source mapped (file_fd at file_off), which this
+                         piece borrows until release; no buf */
+  int file_fd;
+  uint64_t file_off;
   bool padding;       /* wop is reading the destination's last block */
   bool padded;        /* buf holds the piece up to the end of that block */
   uint8_t *buf;       /* from the pool; owned by this piece until release */
@@ -60,8 +63,9 @@ struct engine {
   uint64_t window;
   bool adaptive;
   bool ordered;         /* pieces pass the gate in offset order */
-  bool send_file;       /* data pieces skip the read: the destination
-                           sends them from the source file (sendfile) */
+  bool send_file;       /* data pieces the source can map skip the read:
+                           the destination sends them from the source's
+                           file (sendfile) */
   uint32_t pad;         /* the destination's minimum block size (0: none):
                            a last piece that ends inside such a block is
                            read-modify-written (eng_needs_pad) */
@@ -403,8 +407,8 @@ eng_write(struct engine *e, struct cop *c)
   } else if (c->from_file) {
     w->type = EP_WRITE;
     w->from_file = true;
-    w->file_fd = e->src->file_fd;
-    w->file_off = c->offset;
+    w->file_fd = c->file_fd;
+    w->file_off = c->file_off;
   } else if (!c->zero || e->o->allocated || !e->dst->can_zero) {
     w->type = EP_WRITE;
     w->buf = c->buf ? c->buf : e->zero_buf;
@@ -444,6 +448,24 @@ eng_ready(struct engine *e, struct cop *c)
     eng_write(e, c);
 }
 
+/* Marks the blocks of data_map in which the piece holds a non-zero byte. */
+static void
+eng_map_data(struct engine *e, struct cop *c)
+{
+  uint64_t bs = e->o->data_map_block;
+  uint64_t off = c->offset, end = c->offset + c->length;
+  while (off < end) {
+    uint64_t b = off / bs;
+    uint64_t n = (b + 1) * bs - off;
+    if (n > end - off)
+      n = end - off;
+    if (!(e->o->data_map[b / 8] >> (b % 8) & 1) &&
+        !buf_is_zero(c->buf + (off - c->offset), (size_t)n))
+      e->o->data_map[b / 8] |= (uint8_t)(1u << (b % 8));
+    off += n;
+  }
+}
+
 static void
 eng_read_done(struct engine *e, struct cop *c)
 {
@@ -467,6 +489,8 @@ eng_read_done(struct engine *e, struct cop *c)
       return;
     }
   }
+  if (e->o->data_map)
+    eng_map_data(e, c);
   if (!e->o->allocated && !e->o->no_zero_detect &&
       buf_is_zero(c->buf, (size_t)c->length)) {
     c->zero = true;
@@ -730,8 +754,20 @@ eng_issue_one(struct engine *e)
   uint8_t *buf = NULL;
   size_t cap = (size_t)e->rsize; /* of buf */
   bool opening = len > e->rsize;
-  /* A piece to read-modify-write needs its bytes in a buffer. */
-  bool direct = e->send_file && !eng_needs_pad(e, e->pos, len);
+  /* A piece to read-modify-write needs its bytes in a buffer; one the
+   * source maps only in part is cut to what it maps, if that keeps to the
+   * destination's blocks. */
+  struct endpoint_map map = { .fd = -1 };
+  bool direct = e->send_file && !eng_needs_pad(e, e->pos, len) &&
+                e->src->ops->map(e->src, e->pos, len, &map) == 0;
+  if (direct && map.length < len) {
+    uint32_t mb = e->dst->min_block > 1 ? e->dst->min_block : 1;
+    if (map.length % mb == 0)
+      len = map.length;
+    else
+      direct = false;
+  }
+  opening = len > e->rsize;
   if (opening && !direct) {
     void *p; /* room for a last block of either side too */
     uint64_t blk = e->pad > e->src->min_block ? e->pad : e->src->min_block;
@@ -765,6 +801,8 @@ eng_issue_one(struct engine *e)
     /* Nothing to read: the write carries the file range itself, and the
      * piece holds its window charge until the write is acknowledged. */
     c->from_file = true;
+    c->file_fd = map.fd;
+    c->file_off = map.host_off;
     eng_ready(e, c);
     return true;
   }
@@ -1296,7 +1334,7 @@ eng_setup(struct engine *e)
   /* Zero copy needs no bytes in user space: nothing to hash, no pipe to
    * feed in order. Zero detection then only sees holes. */
   e->send_file = e->dst && !o->no_zero_copy && !e->ordered &&
-                 e->dst->can_send_file && e->src->file_fd >= 0 &&
+                 e->dst->can_send_file && e->src->ops->map != NULL &&
                  !e->src->sequential &&
                  /* --no-extents hides the holes: only looking at the
                   * bytes finds the zeroes then */

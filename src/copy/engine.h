@@ -80,6 +80,13 @@ struct copy_opts {
   const char *label;     /* progress label, e.g. "copy" or "verify" */
   struct hash_ctx *hash; /* whole-stream digest of the source, or NULL */
   struct copy_chunks *chunks; /* per-chunk digests to record, or NULL */
+  /* Where the data is: each block of data_map_block bytes in which a
+   * piece read held a non-zero byte gets its bit set in data_map (LSB
+   * first; the caller's, with a bit for every block of the source). A
+   * format writer that leaves its tables first walks the source with it
+   * before the copy (dst NULL). NULL: not kept. */
+  uint8_t *data_map;
+  uint32_t data_map_block;
 };
 
 struct copy_stats {

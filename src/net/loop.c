@@ -197,5 +197,8 @@ loop_run(struct loop *l)
     }
     loop_tick(l, woken);
   }
+  /* The stop is spent: the loop may run again (a copy runs it once to
+   * look at its source, then again for the copy). */
+  __atomic_store_n(&l->stop, false, __ATOMIC_RELEASE);
   return 0;
 }

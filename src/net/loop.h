@@ -32,7 +32,8 @@ int loop_del(struct loop *l, int fd);
 void loop_set_tick(struct loop *l, int interval_ms, loop_tick_fn fn,
                    void *arg);
 
-/* Runs until loop_stop. Returns 0, or -errno if epoll fails. */
+/* Runs until loop_stop, which it then forgets, so that it can run
+ * again. Returns 0, or -errno if epoll fails. */
 int loop_run(struct loop *l);
 void loop_stop(struct loop *l); /* any thread */
 /* Wakes the loop from another thread so that the tick function runs. */

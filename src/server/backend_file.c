@@ -21,6 +21,7 @@
 #include "export.h"
 #include "net/sock.h"
 #include "proto/nbd.h"
+#include "util/fileio.h"
 #include "util/log.h"
 
 /* Whether the file system preallocates (fallocate mode 0). Some punch
@@ -29,7 +30,13 @@
 enum { FILE_ALLOC_UNKNOWN, FILE_ALLOC_YES, FILE_ALLOC_NO };
 
 struct file_priv {
+  int fd;              /* the file, shared by every thread */
   bool is_blockdev;
+  /* A regular file on tmpfs or ramfs (read-only or not): its pages are
+   * the data, so READs may leave from them (map) and its writers are
+   * serialised by write_lock (struct export's write_serial). */
+  bool memory_fs;
+  pthread_mutex_t write_lock;
   bool no_fast_zero;   /* a block device that refused a fast zero (atomic) */
   uint32_t unit;       /* a block device's zeroing unit, see blk_inner */
   bool can_punch;      /* cleared once the file system says no */
@@ -45,6 +52,12 @@ struct file_priv {
   uint64_t data_from, data_to;
   uint64_t hint_gen;
 };
+
+static inline int
+file_fd(const struct export *e)
+{
+  return ((const struct file_priv *)e->priv)->fd;
+}
 
 /* True when the kept answer covers off: data from off to *hole. */
 static bool
@@ -67,7 +80,7 @@ file_next_hole(struct export *e, uint64_t off, uint64_t *hole)
   pthread_mutex_lock(&fp->hint_lock);
   uint64_t gen = fp->hint_gen;
   pthread_mutex_unlock(&fp->hint_lock);
-  off_t h = lseek(e->fd, (off_t)off, SEEK_HOLE);
+  off_t h = lseek(file_fd(e), (off_t)off, SEEK_HOLE);
   if (h < 0)
     return -errno;
   *hole = (uint64_t)h;
@@ -97,7 +110,7 @@ file_pread(struct export *e, void *buf, uint64_t len, uint64_t off)
 {
   char *p = buf;
   while (len > 0) {
-    ssize_t n = pread(e->fd, p, len, (off_t)off);
+    ssize_t n = pread(file_fd(e), p, len, (off_t)off);
     if (n < 0) {
       if (errno == EINTR)
         continue;
@@ -121,7 +134,7 @@ file_pwrite(struct export *e, const void *buf, uint64_t len, uint64_t off,
   const char *p = buf;
   while (len > 0) {
     struct iovec iov = { .iov_base = (void *)p, .iov_len = len };
-    ssize_t n = pwritev2(e->fd, &iov, 1, (off_t)off, fua ? RWF_DSYNC : 0);
+    ssize_t n = pwritev2(file_fd(e), &iov, 1, (off_t)off, fua ? RWF_DSYNC : 0);
     if (n < 0) {
       if (errno == EINTR)
         continue;
@@ -137,7 +150,7 @@ file_pwrite(struct export *e, const void *buf, uint64_t len, uint64_t off,
 static int
 file_flush(struct export *e)
 {
-  return fdatasync(e->fd) < 0 ? -errno : 0;
+  return fdatasync(file_fd(e)) < 0 ? -errno : 0;
 }
 
 static int
@@ -191,11 +204,11 @@ blk_zero(struct export *e, uint64_t len, uint64_t off, bool may_trim,
     /* The punch drops the range's cached pages, dirty ones too, before
      * it asks the device; should the device say no, their data would be
      * lost, so it reaches the device first. */
-    r = sync_file_range(e->fd, (off_t)a, (off_t)(b - a),
+    r = sync_file_range(file_fd(e), (off_t)a, (off_t)(b - a),
                         SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
                         SYNC_FILE_RANGE_WAIT_AFTER) == 0 ? 0 : -errno;
     if (r == 0)
-      r = fallocate(e->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+      r = fallocate(file_fd(e), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                     (off_t)a, (off_t)(b - a)) == 0 ? 0 : -errno;
     if (r == -EOPNOTSUPP) { /* no zeroing command: do not ask again */
       __atomic_store_n(&fp->no_fast_zero, true, __ATOMIC_RELAXED);
@@ -203,7 +216,7 @@ blk_zero(struct export *e, uint64_t len, uint64_t off, bool may_trim,
     }
   } else if (b > a) {
     uint64_t range[2] = { a, b - a };
-    r = ioctl(e->fd, BLKZEROOUT, range) == 0 ? 0 : -errno;
+    r = ioctl(file_fd(e), BLKZEROOUT, range) == 0 ? 0 : -errno;
     if (r == -EOPNOTSUPP || r == -ENOTTY)
       r = file_write_zeroes(e, b - a, a, false);
   } else {
@@ -228,9 +241,9 @@ file_punch(struct export *e, uint64_t len, uint64_t off)
     uint64_t a, b;
     blk_inner(fp, off, len, &a, &b);
     uint64_t range[2] = { a, b - a };
-    r = b == a || ioctl(e->fd, BLKDISCARD, range) == 0 ? 0 : -errno;
+    r = b == a || ioctl(file_fd(e), BLKDISCARD, range) == 0 ? 0 : -errno;
   } else {
-    r = fallocate(e->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+    r = fallocate(file_fd(e), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                   (off_t)off, (off_t)len) == 0 ? 0 : -errno;
   }
   file_forget_hint(e);
@@ -257,7 +270,7 @@ file_zero(struct export *e, uint64_t len, uint64_t off, bool may_trim,
   int alloc = __atomic_load_n(&fp->can_alloc, __ATOMIC_RELAXED);
   if (!may_trim && alloc == FILE_ALLOC_UNKNOWN) {
     off_t probe = len < 4096 ? (off_t)len : 4096;
-    if (fallocate(e->fd, FALLOC_FL_KEEP_SIZE, (off_t)off, probe) == 0)
+    if (fallocate(file_fd(e), FALLOC_FL_KEEP_SIZE, (off_t)off, probe) == 0)
       alloc = FILE_ALLOC_YES;
     else if (errno == EOPNOTSUPP)
       alloc = FILE_ALLOC_NO;
@@ -267,12 +280,12 @@ file_zero(struct export *e, uint64_t len, uint64_t off, bool may_trim,
   }
   if ((may_trim || alloc == FILE_ALLOC_YES) && file_punch(e, len, off) == 0) {
     if (!may_trim &&
-        fallocate(e->fd, FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) < 0)
+        fallocate(file_fd(e), FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) < 0)
       return -errno; /* out of space, say: the range reads as zeroes */
     return fua ? file_flush(e) : 0;
   }
   if (fp->can_zero_range) {
-    r = fallocate(e->fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE,
+    r = fallocate(file_fd(e), FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE,
                   (off_t)off, (off_t)len) == 0 ? 0 : -errno;
     file_forget_hint(e); /* ZERO_RANGE may leave unwritten extents */
     if (r == 0)
@@ -300,7 +313,7 @@ file_trim(struct export *e, uint64_t len, uint64_t off, bool fua)
 static int
 file_cache(struct export *e, uint64_t len, uint64_t off)
 {
-  int r = posix_fadvise(e->fd, (off_t)off, (off_t)len, POSIX_FADV_WILLNEED);
+  int r = posix_fadvise(file_fd(e), (off_t)off, (off_t)len, POSIX_FADV_WILLNEED);
   return -r;
 }
 
@@ -319,7 +332,7 @@ file_extents(struct export *e, uint64_t off, uint64_t len, struct extent *ext,
   while (off < end && n < max) {
     uint64_t h = end;
     bool known = file_hint(fp, off, &h);
-    off_t data = known ? (off_t)off : lseek(e->fd, (off_t)off, SEEK_DATA);
+    off_t data = known ? (off_t)off : lseek(file_fd(e), (off_t)off, SEEK_DATA);
     if (data < 0 && errno != ENXIO)
       return n > 0 ? n : -errno;
     uint64_t d = data < 0 ? end : (uint64_t)data;
@@ -379,7 +392,7 @@ file_splice_in(struct export *e, int pipefd, uint64_t len, uint64_t off,
   int r = 0;
 
   while (len > 0) {
-    ssize_t n = splice(pipefd, NULL, e->fd, &pos, len, SPLICE_F_MOVE);
+    ssize_t n = splice(pipefd, NULL, file_fd(e), &pos, len, SPLICE_F_MOVE);
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0 && errno == EINVAL && !moved) {
@@ -403,11 +416,27 @@ static void
 file_close(struct export *e)
 {
   struct file_priv *fp = e->priv;
-  if (e->fd >= 0)
-    close(e->fd);
-  if (fp)
-    pthread_mutex_destroy(&fp->hint_lock);
+  if (fp == NULL)
+    return;
+  if (fp->fd >= 0)
+    close(fp->fd);
+  pthread_mutex_destroy(&fp->hint_lock);
+  pthread_mutex_destroy(&fp->write_lock);
   free(fp);
+}
+
+/* A file maps one to one: its READs may leave from its pages. */
+static int
+file_map(struct export *e, uint64_t off, uint64_t len, int *fd,
+         uint64_t *host_off, uint64_t *run)
+{
+  struct file_priv *fp = e->priv;
+  if (!fp->memory_fs || off >= e->size)
+    return -EAGAIN;
+  *fd = fp->fd;
+  *host_off = off;
+  *run = e->size - off < len ? e->size - off : len;
+  return 0;
 }
 
 const struct backend_ops backend_file_ops = {
@@ -420,18 +449,9 @@ const struct backend_ops backend_file_ops = {
   .cache = file_cache,
   .extents = file_extents,
   .splice_in = file_splice_in,
+  .map = file_map,
   .close = file_close,
 };
-
-/* The magic number of the file system holding fd, 0 if unknown. */
-static unsigned long
-file_fs_type(int fd)
-{
-  struct statfs sf;
-  if (fstatfs(fd, &sf) < 0)
-    return 0;
-  return (unsigned long)sf.f_type;
-}
 
 int
 backend_file_open(struct export *e, const char *path)
@@ -442,16 +462,17 @@ backend_file_open(struct export *e, const char *path)
   if (fp == NULL)
     return -ENOMEM;
   pthread_mutex_init(&fp->hint_lock, NULL);
+  pthread_mutex_init(&fp->write_lock, NULL);
   e->ops = &backend_file_ops;
   e->priv = fp;
-  e->fd = open(path, (e->read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC);
-  if (e->fd < 0 && errno == EROFS && !e->read_only) {
+  fp->fd = open(path, (e->read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC);
+  if (fp->fd < 0 && errno == EROFS && !e->read_only) {
     log_warn("export \"%s\": %s is on a read-only file system; serving it "
              "read-only", e->name, path);
     e->read_only = true;
-    e->fd = open(path, O_RDONLY | O_CLOEXEC);
+    fp->fd = open(path, O_RDONLY | O_CLOEXEC);
   }
-  if (e->fd < 0 || fstat(e->fd, &st) < 0) {
+  if (fp->fd < 0 || fstat(fp->fd, &st) < 0) {
     int err = errno;
     log_error("export \"%s\": cannot open %s: %s", e->name, path,
               strerror(err));
@@ -461,10 +482,11 @@ backend_file_open(struct export *e, const char *path)
     int lbs = 0;
     long page = sysconf(_SC_PAGESIZE);
     fp->is_blockdev = true;
-    if (ioctl(e->fd, BLKSSZGET, &lbs) < 0 || lbs <= 0)
+    e->kind = "block device";
+    if (ioctl(fp->fd, BLKSSZGET, &lbs) < 0 || lbs <= 0)
       lbs = 512;
     fp->unit = page > lbs ? (uint32_t)page : (uint32_t)lbs;
-    if (ioctl(e->fd, BLKGETSIZE64, &e->size) < 0) {
+    if (ioctl(fp->fd, BLKGETSIZE64, &e->size) < 0) {
       int err = errno;
       log_error("export \"%s\": cannot size block device %s: %s", e->name,
                 path, strerror(err));
@@ -472,11 +494,11 @@ backend_file_open(struct export *e, const char *path)
     }
   } else if (S_ISREG(st.st_mode)) {
     e->size = (uint64_t)st.st_size;
-    unsigned long fs = file_fs_type(e->fd);
-    e->memory_fs = fs == TMPFS_MAGIC || fs == RAMFS_MAGIC;
-    e->swappable = fs == TMPFS_MAGIC;
+    fp->memory_fs = file_on_memory_fs(fp->fd, &e->swappable);
+    if (fp->memory_fs)
+      e->write_serial = &fp->write_lock;
     /* Swap that cannot be told counts as active. */
-    e->write_in_memory = e->memory_fs &&
+    e->write_in_memory = fp->memory_fs &&
                          (!e->swappable || export_swap_active() == 0);
   } else {
     log_error("export \"%s\": %s is neither a regular file nor a block "

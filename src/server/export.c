@@ -7,24 +7,51 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "format/image.h"
+#include "format/target.h"
 #include "proto/nbd.h"
 #include "util/log.h"
 #include "util/size.h"
 
+/* A path: an image in a format is served through the format layer,
+ * read-only; a raw file or device as it is. */
 static int
-export_open_target(struct export *e, const char *arg, const char *target)
+export_open_path(struct export *e, const struct target *t,
+                 const struct export_opts *o)
+{
+  struct image_opts io = { .format = t->format,
+                           .format_given = t->format_given,
+                           .ignore_checksums = o->ignore_checksums };
+  struct image *img;
+  char err[512];
+  int r = image_open(t->arg, &io, &img, err, sizeof err);
+  if (r < 0) {
+    log_error("export \"%s\": %s", e->name, err);
+    return r;
+  }
+  if (img == NULL)
+    return backend_file_open(e, t->arg);
+  if (!e->read_only)
+    log_info("export \"%s\": %s is a %s image: serving it read-only",
+             e->name, t->arg, img->ops->name);
+  e->read_only = true;
+  return backend_image_open(e, img);
+}
+
+static int
+export_open_target(struct export *e, const char *arg, const char *target,
+                   const struct export_opts *o)
 {
   uint64_t size;
-  const char *kind = NULL;
-
-  if (strncmp(target, "memory:", 7) == 0)
-    kind = "memory";
-  else if (strncmp(target, "null:", 5) == 0)
-    kind = "null";
-  if (kind == NULL)
-    return backend_file_open(e, target);
-
-  const char *sz = target + strlen(kind) + 1;
+  struct target t;
+  target_parse(target, false, &t);
+  if (t.kind != TARGET_MEMORY && t.kind != TARGET_NULL) {
+    if (t.kind != TARGET_FILE)
+      t.arg = target; /* "-" or a URI-looking name: a path here */
+    return export_open_path(e, &t, o);
+  }
+  const char *kind = t.kind == TARGET_MEMORY ? "memory" : "null";
+  const char *sz = t.arg;
   int r = size_parse(sz, &size);
   if (r < 0) {
     log_error("export \"%s\": bad size \"%s\"", arg, sz);
@@ -45,14 +72,12 @@ export_open_target(struct export *e, const char *arg, const char *target)
 }
 
 int
-export_open(const char *arg, bool read_only, struct export **out)
+export_open(const char *arg, const struct export_opts *o, struct export **out)
 {
   struct export *e = calloc(1, sizeof *e);
   if (e == NULL)
     return -ENOMEM;
-  e->fd = -1;
-  e->read_only = read_only;
-  pthread_mutex_init(&e->write_lock, NULL);
+  e->read_only = o->read_only;
 
   /* NAME=TARGET, unless the '=' belongs to a path ("./a=b" is a path). */
   const char *eq = strchr(arg, '=');
@@ -73,7 +98,7 @@ export_open(const char *arg, bool read_only, struct export **out)
     export_close(e);
     return -ENAMETOOLONG;
   }
-  int r = export_open_target(e, arg, target);
+  int r = export_open_target(e, arg, target, o);
   if (r < 0) {
     export_close(e);
     return r;
@@ -89,7 +114,6 @@ export_close(struct export *e)
     return;
   if (e->ops && e->ops->close)
     e->ops->close(e);
-  pthread_mutex_destroy(&e->write_lock);
   free(e->name);
   free(e->description);
   free(e);
@@ -98,10 +122,7 @@ export_close(struct export *e)
 const char *
 export_kind(const struct export *e)
 {
-  struct stat st;
-  if (e->fd >= 0 && fstat(e->fd, &st) == 0 && S_ISBLK(st.st_mode))
-    return "block device";
-  return e->ops->kind;
+  return e->kind ? e->kind : e->ops->kind;
 }
 
 uint16_t

@@ -45,6 +45,13 @@ struct backend_ops {
    * pipe is empty, whatever the result. NULL when unsupported. */
   int (*splice_in)(struct export *e, int pipefd, uint64_t len, uint64_t off,
                    bool fua);
+  /* Optional, never blocks: where [off, off + len) lies in a file, as
+   * (fd, host offset, run of 1 to len bytes), so that a READ's data may
+   * leave by sendfile(2) from the file's pages. -EAGAIN when the start of
+   * the range cannot be mapped without I/O. Only exports whose data is
+   * in memory (write_in_memory) are sent this way. */
+  int (*map)(struct export *e, uint64_t off, uint64_t len, int *fd,
+             uint64_t *host_off, uint64_t *run);
   void (*close)(struct export *e);
 };
 
@@ -63,26 +70,36 @@ struct export {
    * thread and, on a swappable export, changed by the first loop as swap
    * comes and goes: access it atomically. */
   bool write_in_memory;
-  /* A regular file on tmpfs or ramfs (read-only or not). */
-  bool memory_fs;
-  /* A memory_fs file on tmpfs, whose pages swap may move out: in memory
-   * only while no swap is active (export_swap_active). ramfs never swaps. */
+  /* Data in memory whose pages swap may move out (a file on tmpfs): in
+   * memory only while no swap is active (export_swap_active). */
   bool swappable;
-  /* memory_fs: held by a worker around each WRITE into the file, and by a
-   * loop reading a TCP connection, which only tries it (a loop reading a
-   * Unix socket writes without it; TRIM and zeroing do not take it). The
-   * kernel lets one writer of a file in at a time and makes the others
-   * spin on its inode's lock; with this lock a TCP loop that finds the
-   * file busy hands its write to a worker and reads on
-   * (SERVER_INLINE_WRITE), and a worker that waits sleeps instead. */
-  pthread_mutex_t write_lock;
-  int fd;             /* file backend; -1 otherwise */
+  /* Set by a backend whose writers the kernel serialises (a file in
+   * memory: the kernel lets one writer of a file in at a time and makes
+   * the others spin on its inode's lock). Held by a worker around each
+   * WRITE, and tried by a loop reading a TCP connection (a loop reading a
+   * Unix socket writes without it; TRIM and zeroing do not take it): a
+   * TCP loop that finds it busy hands its write to a worker and reads on
+   * (SERVER_INLINE_WRITE), and a worker that waits sleeps instead. NULL:
+   * writers run side by side. Owned by the backend. */
+  pthread_mutex_t *write_serial;
+  /* What the export is, for the log ("file", "block device", "vhd"...);
+   * NULL: ops->kind. */
+  const char *kind;
   void *priv;         /* backend state, owned by the backend */
 };
 
-/* Parses "[NAME=]TARGET" (TARGET: path, memory:SIZE, null:SIZE) and opens
- * it. On failure logs one line naming the argument and returns -errno. */
-int export_open(const char *arg, bool read_only, struct export **out);
+/* How files are opened: the image format and checksum rule (serve's
+ * --ignore-checksums). */
+struct export_opts {
+  bool read_only;
+  bool ignore_checksums;
+};
+
+/* Parses "[NAME=]TARGET" (TARGET: path, vhd:PATH, raw:PATH, memory:SIZE,
+ * null:SIZE) and opens it; a path is probed for its format. On failure
+ * logs one line naming the argument and returns -errno. */
+int export_open(const char *arg, const struct export_opts *o,
+                struct export **out);
 void export_close(struct export *e);
 
 /* Whether any swap area is active: then tmpfs pages may be swapped out,
@@ -101,5 +118,9 @@ extern const struct backend_ops backend_null_ops;
 int backend_file_open(struct export *e, const char *path);
 int backend_memory_open(struct export *e, uint64_t size);
 int backend_null_open(struct export *e, uint64_t size);
+struct image;
+extern const struct backend_ops backend_image_ops;
+/* Serves img (owned from the call on) read-only. */
+int backend_image_open(struct export *e, struct image *img);
 
 #endif

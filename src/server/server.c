@@ -1093,7 +1093,9 @@ server_run(struct server_config *cfg, char **export_args, int nexports)
   if (s.exports == NULL)
     goto cleanup;
   for (int i = 0; i < nexports; i++) {
-    if (export_open(export_args[i], cfg->read_only, &s.exports[i]) < 0)
+    struct export_opts eo = { .read_only = cfg->read_only,
+                              .ignore_checksums = cfg->ignore_checksums };
+    if (export_open(export_args[i], &eo, &s.exports[i]) < 0)
       goto cleanup;
     s.nexports++;
     if (cfg->description &&
@@ -1169,7 +1171,7 @@ server_run(struct server_config *cfg, char **export_args, int nexports)
   for (int i = 0; i < s.nexports; i++) {
     const struct export *e = s.exports[i];
     char mem[64] = "";
-    bool in_memory = e->memory_fs &&
+    bool in_memory = e->ops->map != NULL &&
                      __atomic_load_n(&e->write_in_memory, __ATOMIC_RELAXED);
     if (in_memory && e->read_only)
       snprintf(mem, sizeof mem, ", in memory");

@@ -84,6 +84,7 @@ struct server_config {
   int loops;            /* event-loop threads; 0: one per CPU */
   const char *pidfile;
   const char *description; /* of every export; NULL: none */
+  bool ignore_checksums;   /* images whose checksums are wrong are served */
   bool stats;
   enum tls_mode tls_mode;
   struct tls_server_config tls;
@@ -177,6 +178,7 @@ struct req {
   int iov_left;
   /* A READ reply's data sent from the export's file after the iovecs
    * (sendfile(2)), when file_left > 0: see req_from_file. */
+  int file_fd;        /* the export's, borrowed: see req_from_file */
   uint64_t file_off;
   size_t file_left;
   bool file_ended;    /* the file ended early: the rest goes as zeroes */

@@ -127,14 +127,24 @@ req_fail(struct req *q, int err, const char *msg)
  * before the data is read, so a file that fails then costs the
  * connection, not just the request (a file in memory does not fail); one
  * that another process cut short sends zeroes for what it lost. A reply
- * built before swap came on may still finish from the loop. */
+ * built before swap came on may still finish from the loop. The backend's
+ * map says where [off, off + len) lies (one to one for a raw file, a data
+ * block for an image); a range it cannot place whole is read instead.
+ * Sets q->file_fd and q->file_off. */
 static bool
-req_from_file(struct req *q)
+req_from_file(struct req *q, uint64_t off, uint64_t len)
 {
   struct conn *c = q->c;
   struct export *e = c->exp;
-  return e->memory_fs && e->fd >= 0 && c->t.ops == &transport_plain_ops &&
-         __atomic_load_n(&e->write_in_memory, __ATOMIC_RELAXED);
+  int fd;
+  uint64_t host, run;
+  if (e->ops->map == NULL || c->t.ops != &transport_plain_ops ||
+      !__atomic_load_n(&e->write_in_memory, __ATOMIC_RELAXED) ||
+      e->ops->map(e, off, len, &fd, &host, &run) < 0 || run < len)
+    return false;
+  q->file_fd = fd;
+  q->file_off = host;
+  return true;
 }
 
 /* Worker: the buffer a READ's data is read into; false (the error reply
@@ -185,7 +195,7 @@ read_structured(struct req *q)
 
   /* One data extent from a file in memory: its chunk's data leaves from
    * the file after the header, and nothing is read here. */
-  bool from_file = n == 1 && ext[0].flags == 0 && req_from_file(q);
+  bool from_file = n == 1 && ext[0].flags == 0 && req_from_file(q, off, len);
   if (!from_file && !req_read_buf(q))
     return;
   uint64_t rel = 0;
@@ -222,8 +232,7 @@ read_structured(struct req *q)
       h += 8;
       reply_iov(q, start, (size_t)(h - start));
       if (from_file) {
-        q->file_off = off;
-        q->file_left = len;
+        q->file_left = len; /* file_fd at file_off: req_from_file's */
         q->file_ended = false;
       } else {
         reply_iov(q, q->buf + rel, ext[i].length);
@@ -242,9 +251,8 @@ run_read(struct req *q)
     read_structured(q);
     return;
   }
-  if (q->r.length > 0 && req_from_file(q)) {
+  if (q->r.length > 0 && req_from_file(q, q->r.offset, q->r.length)) {
     reply_ok(q);
-    q->file_off = q->r.offset;
     q->file_left = q->r.length;
     q->file_ended = false;
     return;
@@ -356,17 +364,17 @@ static int
 run_write(struct req *q, bool fua)
 {
   struct export *e = q->c->exp;
-  bool lock = e->memory_fs && !q->write_locked && !q->on_loop;
+  bool lock = e->write_serial && !q->write_locked && !q->on_loop;
   int r;
 
   if (lock)
-    pthread_mutex_lock(&e->write_lock);
+    pthread_mutex_lock(e->write_serial);
   if (q->spliced)
     r = req_splice_out(q, fua);
   else
     r = e->ops->pwrite(e, q->buf, q->r.length, q->r.offset, fua);
   if (lock || q->write_locked)
-    pthread_mutex_unlock(&e->write_lock);
+    pthread_mutex_unlock(e->write_serial);
   q->write_locked = q->on_loop = false;
   return r;
 }
@@ -467,7 +475,7 @@ req_try_send(struct conn *c, struct req *q, int flags)
         return (int)n;
     } else {
       off_t off = (off_t)q->file_off;
-      n = sendfile(c->fd, c->exp->fd, &off, q->file_left);
+      n = sendfile(c->fd, q->file_fd, &off, q->file_left);
       if (n < 0 && errno == EINTR)
         continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -752,9 +760,9 @@ req_write_on_loop(struct conn *c, struct req *q)
       !__atomic_load_n(&e->write_in_memory, __ATOMIC_RELAXED) ||
       q->r.length > SERVER_INLINE_WRITE || (q->r.flags & NBD_CMD_FLAG_FUA))
     return false;
-  if (!e->memory_fs || !c->is_tcp)
+  if (!e->write_serial || !c->is_tcp)
     return true;
-  q->write_locked = pthread_mutex_trylock(&e->write_lock) == 0;
+  q->write_locked = pthread_mutex_trylock(e->write_serial) == 0;
   return q->write_locked;
 }
 

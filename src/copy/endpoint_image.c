@@ -1,0 +1,97 @@
+/* endpoint_image.c: a copy source in an image format (VHD...), read
+ * through the format layer (format/image.h). Reads and extents may block
+ * on the file, so they run on the worker pool, like a file's; map answers
+ * from memory on the loop thread, so the engine can send a mapped range
+ * straight from the image file. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "copy/endpoint.h"
+#include "format/image.h"
+
+/* Extents asked of the image per EXTENTS op: the engine's batch is the
+ * bound, this only sizes the scratch array. */
+#define IMG_EXTENTS_MAX 1024
+
+static void
+image_work(struct work *w)
+{
+  struct ep_op *op = (struct ep_op *)((char *)w - offsetof(struct ep_op, work));
+  struct endpoint *e = op->ep;
+  struct image *img = e->priv;
+  int r = 0;
+  if (op->type == EP_READ) {
+    r = img->ops->pread(img, op->buf, op->length, op->offset);
+  } else {
+    struct image_extent x[IMG_EXTENTS_MAX];
+    int max = op->max_extents < IMG_EXTENTS_MAX ? (int)op->max_extents
+                                                : IMG_EXTENTS_MAX;
+    r = img->ops->extents(img, op->offset, op->length, x, max);
+    for (int i = 0; i < r; i++)
+      op->extents[op->nextents++] = (struct endpoint_extent){
+        x[i].length, (x[i].flags & IMAGE_ZERO) != 0 };
+  }
+  if (r < 0) {
+    op->err = -r;
+    snprintf(op->errmsg, sizeof op->errmsg, "%s image %s",
+             img->ops->name, img->path);
+  }
+  ep_env_complete(e->env, op);
+}
+
+static int
+image_submit(struct endpoint *e, struct ep_op *op)
+{
+  if (op->type != EP_READ && op->type != EP_EXTENTS)
+    return -EBADF;
+  op->work.fn = image_work;
+  workq_push(e->env->wq, &op->work);
+  return 0;
+}
+
+static int
+image_map_range(struct endpoint *e, uint64_t off, uint64_t len,
+                struct endpoint_map *m)
+{
+  struct image *img = e->priv;
+  struct image_map im;
+  if (img->ops->map == NULL)
+    return -EAGAIN;
+  int r = img->ops->map(img, off, len, &im);
+  if (r < 0)
+    return r;
+  *m = (struct endpoint_map){ im.fd, im.host_off, im.length };
+  return 0;
+}
+
+static void
+image_ep_close(struct endpoint *e)
+{
+  image_close(e->priv);
+}
+
+static const struct endpoint_ops image_ep_ops = {
+  .kind = "image",
+  .submit = image_submit,
+  .close = image_ep_close,
+  .map = image_map_range,
+};
+
+int
+endpoint_open_image(struct ep_env *env, const char *spec, struct image *img,
+                    struct endpoint **out, char *err, size_t errlen)
+{
+  struct endpoint *e = endpoint_new(env, spec, &image_ep_ops, img);
+  if (e == NULL) {
+    image_close(img);
+    snprintf(err, errlen, "%s: out of memory", spec);
+    return -ENOMEM;
+  }
+  e->size = img->size;
+  e->readable = true;
+  e->has_extents = true;
+  *out = e;
+  return 0;
+}

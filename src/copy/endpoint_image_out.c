@@ -1,0 +1,150 @@
+/* endpoint_image_out.c: a copy destination written as an image (a
+ * dynamic VHD, a qcow2) in one forward pass (format/image.h's writer),
+ * into a new file or stdout. It takes its ops one at a time in offset
+ * order (sequential), and runs them on the worker pool, since the writes
+ * may block. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "copy/endpoint.h"
+#include "format/image.h"
+
+struct image_out {
+  struct image_writer *w;
+  int fd;
+  bool own_fd;   /* a file we opened (else stdout) */
+  bool regular;  /* fdatasync means something */
+};
+
+static void
+image_out_work(struct work *wk)
+{
+  struct ep_op *op = (struct ep_op *)((char *)wk - offsetof(struct ep_op, work));
+  struct endpoint *e = op->ep;
+  struct image_out *v = e->priv;
+  int r = 0;
+  switch (op->type) {
+  case EP_WRITE:
+  case EP_ZERO:
+    r = image_writer_put(v->w, v->fd, op->offset,
+                         op->type == EP_WRITE ? op->buf : NULL, op->length,
+                         op->errmsg, sizeof op->errmsg);
+    break;
+  case EP_FLUSH:
+    if (!image_writer_done(v->w) && e->size == 0) /* an empty disk */
+      r = image_writer_put(v->w, v->fd, 0, NULL, 0, op->errmsg,
+                           sizeof op->errmsg);
+    if (r < 0)
+      break;
+    if (!image_writer_done(v->w)) {
+      r = -EIO;
+      snprintf(op->errmsg, sizeof op->errmsg,
+               "flush before the whole disk was written: the image is "
+               "incomplete");
+    } else if (v->regular && fdatasync(v->fd) < 0) {
+      r = -errno;
+    }
+    break;
+  default:
+    r = -EBADF;
+    break;
+  }
+  op->err = -r;
+  ep_env_complete(e->env, op);
+}
+
+static int
+image_out_submit(struct endpoint *e, struct ep_op *op)
+{
+  if (op->type != EP_WRITE && op->type != EP_ZERO && op->type != EP_FLUSH)
+    return -EBADF;
+  if (op->type == EP_WRITE && op->from_file)
+    return -EINVAL;
+  op->work.fn = image_out_work;
+  workq_push(e->env->wq, &op->work);
+  return 0;
+}
+
+static void
+image_out_free(struct image_out *v)
+{
+  image_writer_free(v->w);
+  if (v->own_fd)
+    close(v->fd);
+  free(v);
+}
+
+static void
+image_out_close(struct endpoint *e)
+{
+  image_out_free(e->priv);
+}
+
+static const struct endpoint_ops image_out_ops = {
+  .kind = "image",
+  .submit = image_out_submit,
+  .close = image_out_close,
+};
+
+int
+endpoint_open_image_out(struct ep_env *env, const char *spec,
+                        const char *path, enum image_format f,
+                        const struct endpoint_opts *o, struct endpoint **out,
+                        char *err, size_t errlen)
+{
+  if (o->create_size == UINT64_MAX) {
+    snprintf(err, errlen, "%s: a %s image starts with its size and its "
+             "tables: the source's size must be known (not a pipe)", spec,
+             image_format_name(f));
+    return -EINVAL;
+  }
+  if (o->alloc && o->alloc_block != image_writer_block(f)) {
+    snprintf(err, errlen, "%s: allocation map in %u-byte blocks for a "
+             "writer of %u-byte blocks", spec, o->alloc_block,
+             image_writer_block(f));
+    return -EINVAL;
+  }
+  struct image_out *v = calloc(1, sizeof *v);
+  if (v == NULL) {
+    snprintf(err, errlen, "%s: out of memory", spec);
+    return -ENOMEM;
+  }
+  char why[200];
+  /* The size is checked before the file is created or truncated. */
+  int r = image_writer_new(f, o->create_size, o->alloc, &v->w, why,
+                           sizeof why);
+  if (r < 0) {
+    free(v);
+    snprintf(err, errlen, "%s: %s", spec, why);
+    return r;
+  }
+  v->fd = STDOUT_FILENO;
+  if (path) {
+    v->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (v->fd < 0) {
+      r = -errno;
+      snprintf(err, errlen, "open %s: %s", path, strerror(errno));
+      image_out_free(v);
+      return r;
+    }
+    v->own_fd = true;
+  }
+  struct stat st;
+  v->regular = fstat(v->fd, &st) == 0 && S_ISREG(st.st_mode);
+  struct endpoint *e = endpoint_new(env, spec, &image_out_ops, v);
+  if (e == NULL) {
+    image_out_free(v);
+    snprintf(err, errlen, "%s: out of memory", spec);
+    return -ENOMEM;
+  }
+  e->size = o->create_size;
+  e->writable = e->can_zero = e->can_flush = true;
+  e->sequential = true;
+  *out = e;
+  return 0;
+}
