@@ -1,0 +1,89 @@
+#!/bin/bash
+# vhd-bad.sh: one damaged image per class (vhdgen.py corrupt), each
+# refused by copy, info and sum with a non-zero status, no hang, no crash
+# and exactly one line that names the file and says what is wrong:
+# checksum (footer, header; --ignore-checksums then copies the right
+# bytes), truncated, a BAT entry past the end, a block size that is not a
+# power of two, a missing parent (naming the path looked for), a parent
+# whose UUID changed, chain loops (a disk its own parent, A -> B -> A), and
+# a footer copy that disagrees with the footer.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+tmpdir_make
+. "$(dirname "$0")/vhd.inc"
+[ -x "$NBDFLOW" ] || fail "NBDFLOW=$NBDFLOW is not an executable"
+
+# bad WHAT FILE REGEX [NAME...]: copy, info and sum of FILE as VHD are
+# refused with one line matching REGEX that names FILE (or one of NAMEs).
+bad () {
+    local what=$1 file=$2 re=$3
+    shift 3
+    [ $# -gt 0 ] || set -- "$file"
+    refused "$what: copy" copy --src-format vhd "$file" "$TMP/bad.out"
+    err_names "$@"
+    err_says "$re"
+    refused "$what: info" info -f vhd "$file"
+    err_names "$@"
+    err_says "$re"
+    refused "$what: sum" sum "vhd:$file"
+    err_names "$@"
+    err_says "$re"
+}
+
+gen make "$TMP/good.vhd" --type dynamic --size 4M --block-size 512K \
+    --data "block:0,3 sect:2000-2010" --garbage --expect "$TMP/good.raw"
+gen make "$TMP/fixed.vhd" --type fixed --size 4M --data "block:1 sect:3" \
+    --expect "$TMP/fixed.raw"
+
+# Checksums: the content is intact, so --ignore-checksums reads it.
+for kind in footer-checksum header-checksum; do
+    gen corrupt "$TMP/good.vhd" "$TMP/$kind.vhd" --kind "$kind"
+    bad "$kind" "$TMP/$kind.vhd" checksum
+    refused "$kind: probed copy" copy "$TMP/$kind.vhd" "$TMP/bad.out"
+    err_names "$TMP/$kind.vhd"
+    err_says checksum
+    ok "$kind: copy --ignore-checksums" copy --ignore-checksums \
+        "$TMP/$kind.vhd" "$TMP/$kind.out"
+    same "$TMP/$kind.out" "$TMP/good.raw"
+done
+gen corrupt "$TMP/fixed.vhd" "$TMP/fixed-checksum.vhd" --kind footer-checksum
+bad "fixed footer checksum" "$TMP/fixed-checksum.vhd" checksum
+ok "fixed footer checksum: --ignore-checksums" copy --ignore-checksums \
+    --src-format vhd "$TMP/fixed-checksum.vhd" "$TMP/fixed.out"
+same "$TMP/fixed.out" "$TMP/fixed.raw"
+
+# The layout.
+gen corrupt "$TMP/good.vhd" "$TMP/truncated.vhd" --kind truncated
+bad truncated "$TMP/truncated.vhd" 'truncated|shorter'
+gen corrupt "$TMP/good.vhd" "$TMP/bat.vhd" --kind bat-past-end
+bad "BAT past the end" "$TMP/bat.vhd" 'BAT'
+gen corrupt "$TMP/good.vhd" "$TMP/pow2.vhd" --kind block-size-not-pow2
+bad "3 MiB blocks" "$TMP/pow2.vhd" 'power of two'
+gen corrupt "$TMP/good.vhd" "$TMP/copy.vhd" --kind footer-copy-mismatch
+bad "footer copy mismatch" "$TMP/copy.vhd" 'footer'
+
+# Parents. The locators of these children are W2ru and MacX (relative) and
+# W2ku (absolute): every one names the parent's path.
+mkdir "$TMP/p"
+gen make "$TMP/p/base.vhd" --type dynamic --size 4M --data "block:1"
+gen make "$TMP/p/kid.vhd" --type diff --parent "$TMP/p/base.vhd" \
+    --data "sect:1-9"
+rm "$TMP/p/base.vhd"
+bad "missing parent" "$TMP/p/kid.vhd" 'parent' base.vhd
+
+gen make "$TMP/p/base2.vhd" --type dynamic --size 4M --data "block:1"
+gen make "$TMP/p/kid2.vhd" --type diff --parent "$TMP/p/base2.vhd" \
+    --data "sect:1-9"
+gen corrupt "$TMP/p/base2.vhd" "$TMP/p/base2.vhd" --kind parent-uuid
+bad "parent UUID" "$TMP/p/kid2.vhd" 'UUID' kid2.vhd base2.vhd
+
+gen make "$TMP/p/base3.vhd" --type dynamic --size 4M --data "block:1"
+gen make "$TMP/p/kid3.vhd" --type diff --parent "$TMP/p/base3.vhd" \
+    --data "sect:1-9"
+gen corrupt "$TMP/p/kid3.vhd" "$TMP/p/self.vhd" --kind loop
+bad "its own parent" "$TMP/p/self.vhd" 'loop'
+gen make "$TMP/p/A.vhd" --type diff --parent "$TMP/p/base3.vhd" --data "sect:1"
+gen make "$TMP/p/B.vhd" --type diff --parent "$TMP/p/A.vhd" --data "sect:2"
+gen relink "$TMP/p/A.vhd" --parent "$TMP/p/B.vhd"
+bad "A -> B -> A" "$TMP/p/B.vhd" 'loop' A.vhd B.vhd
+echo "PASS"
