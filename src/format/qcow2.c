@@ -32,6 +32,7 @@
 #include <zlib.h>
 #include <zstd.h>
 
+#include "format/common.h"
 #include "format/image.h"
 #include "format/qcow2_layout.h"
 #include "util/fileio.h"
@@ -67,37 +68,17 @@ struct qcow2_priv {
 
 /* Exactly len bytes of l at off: -EIO past its end. */
 static int
-lv_read(struct qcow2_level *l, void *buf, size_t len, uint64_t off)
+lv_read(const struct qcow2_level *l, void *buf, size_t len, uint64_t off)
 {
-  if (l->io)
-    return l->io->pread(l->io, buf, len, off);
-  return file_pread_exact(l->fd, buf, len, off);
+  return fmt_read(l->fd, l->io, buf, len, off);
 }
 
 /* Up to len bytes of l at off, fewer at its end (*got says). */
 static int
-lv_read_full(struct qcow2_level *l, void *buf, size_t len, uint64_t off,
-             size_t *got)
+lv_read_full(const struct qcow2_level *l, void *buf, size_t len,
+             uint64_t off, size_t *got)
 {
-  if (l->io == NULL)
-    return file_pread_full(l->fd, buf, len, off, got);
-  *got = off >= l->io->size ? 0
-         : l->io->size - off < len ? (size_t)(l->io->size - off) : len;
-  return *got ? l->io->pread(l->io, buf, *got, off) : 0;
-}
-
-static int
-q_fail(char *err, size_t errlen, int r, const char *fmt, ...)
-  __attribute__((format(printf, 4, 5)));
-
-static int
-q_fail(char *err, size_t errlen, int r, const char *fmt, ...)
-{
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-  return r;
+  return fmt_read_full(l->fd, l->io, buf, len, off, got);
 }
 
 static bool
@@ -127,11 +108,11 @@ q_read_header(struct qcow2_level *l, struct q_names *nm, char *err,
                                          : sizeof small;
   int r = lv_read(l, small, n, 0);
   if (r < 0)
-    return q_fail(err, errlen, r, "%s: reading the qcow2 header: %s",
+    return fmt_fail(err, errlen, r, "%s: reading the qcow2 header: %s",
                   l->path, strerror(-r));
   r = qcow2_header_decode(small, n, &l->h, why, sizeof why);
   if (r < 0)
-    return q_fail(err, errlen, r, "%s: %s", l->path, why);
+    return fmt_fail(err, errlen, r, "%s: %s", l->path, why);
   l->cluster_bits = l->h.cluster_bits;
   l->cluster = UINT64_C(1) << l->cluster_bits;
   /* The whole first cluster: the header, its extensions, the name. */
@@ -139,7 +120,7 @@ q_read_header(struct qcow2_level *l, struct q_names *nm, char *err,
                                           : (size_t)l->cluster;
   uint8_t *c0 = malloc(clen);
   if (c0 == NULL)
-    return q_fail(err, errlen, -ENOMEM, "%s: out of memory", l->path);
+    return fmt_fail(err, errlen, -ENOMEM, "%s: out of memory", l->path);
   r = lv_read(l, c0, clen, 0);
   if (r == 0)
     r = qcow2_header_decode(c0, clen, &l->h, why, sizeof why);
@@ -150,7 +131,7 @@ q_read_header(struct qcow2_level *l, struct q_names *nm, char *err,
     if (why[0] == '\0')
       snprintf(why, sizeof why, "%s", strerror(-r));
     bool cut = strstr(why, "past the end") || strstr(why, "beyond");
-    return q_fail(err, errlen, r, "%s: %s%s", l->path,
+    return fmt_fail(err, errlen, r, "%s: %s%s", l->path,
                   cut ? "truncated or damaged qcow2: " : "", why);
   }
   size_t pos = l->h.version >= 3 ? l->h.header_len : QCOW2_V2_HEADER_LEN;
@@ -162,7 +143,7 @@ q_read_header(struct qcow2_level *l, struct q_names *nm, char *err,
     struct qcow2_ext x;
     if (qcow2_ext_decode(c0 + pos, end - pos, &x) < 0) {
       free(c0);
-      return q_fail(err, errlen, -EINVAL,
+      return fmt_fail(err, errlen, -EINVAL,
                     "%s: header extension at offset %zu runs past the "
                     "header area", l->path, pos);
     }
@@ -181,7 +162,7 @@ q_read_header(struct qcow2_level *l, struct q_names *nm, char *err,
     nm->backing[l->h.backing_len] = '\0';
     if (strlen(nm->backing) != l->h.backing_len || nm->backing[0] == '\0') {
       free(c0);
-      return q_fail(err, errlen, -EINVAL,
+      return fmt_fail(err, errlen, -EINVAL,
                     "%s: the backing file name holds a NUL byte or is "
                     "empty", l->path);
     }
@@ -194,11 +175,11 @@ static int
 q_refuse_features(struct qcow2_level *l, char *err, size_t errlen)
 {
   if (l->h.crypt_method != 0)
-    return q_fail(err, errlen, -ENOTSUP,
+    return fmt_fail(err, errlen, -ENOTSUP,
                   "%s: an encrypted qcow2 image (method %u): encryption "
                   "is not supported", l->path, l->h.crypt_method);
   if (l->h.incompat & QCOW2_INCOMPAT_DATA_FILE)
-    return q_fail(err, errlen, -ENOTSUP,
+    return fmt_fail(err, errlen, -ENOTSUP,
                   "%s: a qcow2 image with an external data file: not "
                   "supported", l->path);
   return 0;
@@ -213,13 +194,13 @@ q_read_l1(struct qcow2_level *l, char *err, size_t errlen)
   l->l2cache = calloc(n ? n : 1, sizeof *l->l2cache);
   if (raw == NULL || l->l1 == NULL || l->l2cache == NULL) {
     free(raw);
-    return q_fail(err, errlen, -ENOMEM, "%s: no memory for the L1 table",
+    return fmt_fail(err, errlen, -ENOMEM, "%s: no memory for the L1 table",
                   l->path);
   }
   int r = lv_read(l, raw, 8 * (size_t)n, l->h.l1_offset);
   if (r < 0) {
     free(raw);
-    return q_fail(err, errlen, r, "%s: reading the L1 table: %s", l->path,
+    return fmt_fail(err, errlen, r, "%s: reading the L1 table: %s", l->path,
                   strerror(-r));
   }
   for (uint32_t i = 0; i < n && r == 0; i++) {
@@ -228,10 +209,10 @@ q_read_l1(struct qcow2_level *l, char *err, size_t errlen)
     r = qcow2_l1_decode(&l->h, qcow2_get64(raw + 8 * (size_t)i), &off, why,
                         sizeof why);
     if (r < 0)
-      r = q_fail(err, errlen, r, "%s: L1 entry %u: %s", l->path, i, why);
+      r = fmt_fail(err, errlen, r, "%s: L1 entry %u: %s", l->path, i, why);
     else if (off && (off > l->file_size ||
                      l->file_size - off < l->cluster))
-      r = q_fail(err, errlen, -EINVAL,
+      r = fmt_fail(err, errlen, -EINVAL,
                  "%s: L1 entry %u points at an L2 table at offset %llu, "
                  "past the end of the %llu-byte file", l->path, i,
                  (unsigned long long)off,
@@ -252,9 +233,9 @@ q_open_level(struct qcow2_level *l, struct q_names *nm, char *err,
   if (l->io) {
     l->file_size = l->io->size;
   } else if (fstat(l->fd, &st) < 0) {
-    return q_fail(err, errlen, -errno, "%s: %s", l->path, strerror(errno));
+    return fmt_fail(err, errlen, -errno, "%s: %s", l->path, strerror(errno));
   } else if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
-    return q_fail(err, errlen, -EINVAL, "%s: not a file or device",
+    return fmt_fail(err, errlen, -EINVAL, "%s: not a file or device",
                   l->path);
   } else {
     l->dev = st.st_dev;
@@ -262,7 +243,7 @@ q_open_level(struct qcow2_level *l, struct q_names *nm, char *err,
     r = file_size(l->fd, &l->file_size);
   }
   if (r < 0)
-    return q_fail(err, errlen, r, "%s: %s", l->path, strerror(-r));
+    return fmt_fail(err, errlen, r, "%s: %s", l->path, strerror(-r));
   if (l->raw) {
     l->size = l->file_size;
     return 0;
@@ -295,24 +276,6 @@ q_close_level(struct qcow2_level *l)
   l->fd = -1;
 }
 
-/* The backing file's path: absolute as written, else relative to the
- * directory of the image that names it. */
-static int
-q_backing_path(const struct qcow2_level *child, const char *name, char *out,
-               size_t outlen)
-{
-  if (name[0] == '/')
-    return (size_t)snprintf(out, outlen, "%s", name) < outlen ? 0
-                                                             : -ENAMETOOLONG;
-  const char *slash = strrchr(child->path, '/');
-  int dirlen = slash ? (int)(slash - child->path) : 1;
-  const char *dir = slash ? child->path : ".";
-  if (slash == child->path)
-    dirlen = 0;
-  return (size_t)snprintf(out, outlen, "%.*s/%s", dirlen, dir, name) < outlen
-           ? 0 : -ENAMETOOLONG;
-}
-
 static int
 q_open_backing(struct qcow2_priv *p, int k, const struct q_names *nm,
                struct q_names *next, char *err, size_t errlen)
@@ -320,15 +283,15 @@ q_open_backing(struct qcow2_priv *p, int k, const struct q_names *nm,
   struct qcow2_level *child = &p->lv[k], *b = &p->lv[k + 1];
   char path[PATH_MAX];
   if (k + 1 >= QCOW2_MAX_DEPTH)
-    return q_fail(err, errlen, -ELOOP,
+    return fmt_fail(err, errlen, -ELOOP,
                   "%s: a chain of more than %d images (a loop?)",
                   p->lv[0].path, QCOW2_MAX_DEPTH);
-  if (q_backing_path(child, nm->backing, path, sizeof path) < 0)
-    return q_fail(err, errlen, -ENAMETOOLONG, "%s: backing file name too "
+  if (fmt_path_beside(child->path, nm->backing, path, sizeof path) < 0)
+    return fmt_fail(err, errlen, -ENAMETOOLONG, "%s: backing file name too "
                   "long", child->path);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0)
-    return q_fail(err, errlen, -errno,
+    return fmt_fail(err, errlen, -errno,
                   "%s: backing file \"%s\" of %s: %s (looked for %s)",
                   p->lv[0].path, nm->backing, child->path, strerror(errno),
                   path);
@@ -337,13 +300,13 @@ q_open_backing(struct qcow2_priv *p, int k, const struct q_names *nm,
     for (int j = 0; j <= k; j++)
       if (p->lv[j].dev == st.st_dev && p->lv[j].ino == st.st_ino) {
         close(fd);
-        return q_fail(err, errlen, -ELOOP,
+        return fmt_fail(err, errlen, -ELOOP,
                       "%s: the chain of backing files makes a loop: %s is "
                       "its own backing file", p->lv[0].path, path);
       }
   *b = (struct qcow2_level){ .fd = fd, .path = strdup(path) };
   if (b->path == NULL)
-    return q_fail(err, errlen, -ENOMEM, "out of memory");
+    return fmt_fail(err, errlen, -ENOMEM, "out of memory");
   if (strcmp(nm->backing_fmt, "raw") == 0) {
     b->raw = true;
   } else if (nm->backing_fmt[0] == '\0') {
@@ -352,7 +315,7 @@ q_open_backing(struct qcow2_priv *p, int k, const struct q_names *nm,
     uint8_t m[4];
     b->raw = file_pread_exact(fd, m, 4, 0) < 0 || !q_probe(m, 4, NULL, 0);
   } else if (strcmp(nm->backing_fmt, "qcow2") != 0) {
-    return q_fail(err, errlen, -ENOTSUP,
+    return fmt_fail(err, errlen, -ENOTSUP,
                   "%s: backing file %s is in format \"%s\": only qcow2 and "
                   "raw backing files are read", p->lv[0].path, path,
                   nm->backing_fmt);
@@ -373,7 +336,7 @@ q_open(struct image *img, int fd, struct image_io *io,
       close(fd);
     else
       io->close(io);
-    return q_fail(err, errlen, -ENOMEM, "%s: out of memory", img->path);
+    return fmt_fail(err, errlen, -ENOMEM, "%s: out of memory", img->path);
   }
   for (int i = 0; i < QCOW2_MAX_DEPTH; i++)
     p->lv[i].fd = -1;
@@ -383,21 +346,21 @@ q_open(struct image *img, int fd, struct image_io *io,
   p->lv[0].io = fd < 0 ? io : NULL;
   p->lv[0].path = strdup(img->path);
   if (p->lv[0].path == NULL)
-    return q_fail(err, errlen, -ENOMEM, "%s: out of memory", img->path);
+    return fmt_fail(err, errlen, -ENOMEM, "%s: out of memory", img->path);
   struct q_names *nm = calloc(2, sizeof *nm);
   if (nm == NULL)
-    return q_fail(err, errlen, -ENOMEM, "%s: out of memory", img->path);
+    return fmt_fail(err, errlen, -ENOMEM, "%s: out of memory", img->path);
   int r = q_open_level(&p->lv[0], &nm[0], err, errlen);
   for (int k = 0; r == 0 && !p->lv[k].raw && nm[k % 2].backing[0]; k++) {
     if (p->lv[k].io) {
-      r = q_fail(err, errlen, -ENOTSUP,
+      r = fmt_fail(err, errlen, -ENOTSUP,
                  "%s: a qcow2 image whose backing file is \"%s\": a "
                  "backing file is looked for beside a file, and this image "
                  "is not one", img->path, nm[k % 2].backing);
       break;
     }
     if (!o->format_given) {
-      r = q_fail(err, errlen, -EPERM,
+      r = fmt_fail(err, errlen, -EPERM,
                  "%s: a qcow2 image whose backing file is \"%s\"; a probed "
                  "image never opens its backing file: name the format "
                  "(--src-format qcow2, -f qcow2 or qcow2:PATH) to allow it",
@@ -549,6 +512,17 @@ q_walk(struct qcow2_priv *p, int k, uint64_t off, uint64_t len,
       return r;
     for (uint64_t i = 0; i < n && len > 0; i++) {
       uint64_t span = l->cluster - in;
+      /* Normal clusters that follow each other in the file too are one
+       * run: one read for all of them. */
+      uint64_t start = cl[i].host_off, next = start + l->cluster;
+      while (cl[i].kind == QCOW2_NORMAL && l->entry_len == 8 && i + 1 < n &&
+             span < len && cl[i + 1].kind == QCOW2_NORMAL &&
+             cl[i + 1].host_off == next) {
+        next += l->cluster;
+        span += l->cluster;
+        i++;
+        cl[i].host_off = start; /* the run's start, for fn */
+      }
       if (span > len)
         span = len;
       r = w->fn(p, k, off, span, &cl[i], in, w->arg);

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "format/common.h"
 #include "format/qcow2_layout.h"
 #include "util/fileio.h"
 #include "util/zero.h"
@@ -40,20 +41,6 @@ struct qcow2_writer {
   uint64_t pos;
   bool started, done;
 };
-
-static int
-qw_fail(char *err, size_t errlen, int r, const char *fmt, ...)
-  __attribute__((format(printf, 4, 5)));
-
-static int
-qw_fail(char *err, size_t errlen, int r, const char *fmt, ...)
-{
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-  return r;
-}
 
 static bool
 qw_allocated(const struct qcow2_writer *w, uint64_t c)
@@ -106,12 +93,12 @@ qcow2_writer_new(uint64_t size, const uint8_t *alloc,
                  struct qcow2_writer **out, char *err, size_t errlen)
 {
   if (size > QCOW2_MAX_SIZE)
-    return qw_fail(err, errlen, -EFBIG,
+    return fmt_fail(err, errlen, -EFBIG,
                    "a disk of %llu bytes is larger than the qcow2 images "
                    "we write (2^55 bytes)", (unsigned long long)size);
   struct qcow2_writer *w = calloc(1, sizeof *w);
   if (w == NULL)
-    return qw_fail(err, errlen, -ENOMEM, "out of memory");
+    return fmt_fail(err, errlen, -ENOMEM, "out of memory");
   w->fd = -1;
   w->end = size;
   w->size = (size + 511) / 512 * 512;
@@ -122,7 +109,7 @@ qcow2_writer_new(uint64_t size, const uint8_t *alloc,
     memcpy(w->alloc, alloc, abytes);
   if (w->table == NULL || (alloc && w->alloc == NULL)) {
     qcow2_writer_free(w);
-    return qw_fail(err, errlen, -ENOMEM, "out of memory");
+    return fmt_fail(err, errlen, -ENOMEM, "out of memory");
   }
   qw_plan(w);
   *out = w;
@@ -253,7 +240,7 @@ qcow2_writer_put(struct qcow2_writer *w, int fd, uint64_t off,
   int r;
   w->fd = fd;
   if (off != w->pos || w->done || len > w->end - off)
-    return qw_fail(err, errlen, -EINVAL,
+    return fmt_fail(err, errlen, -EINVAL,
                    "qcow2 writer: %llu bytes at offset %llu out of order "
                    "(expected offset %llu)", (unsigned long long)len,
                    (unsigned long long)off, (unsigned long long)w->pos);
@@ -267,7 +254,7 @@ qcow2_writer_put(struct qcow2_writer *w, int fd, uint64_t off,
     if (r == 0)
       r = qw_l2(w);
     if (r < 0)
-      return qw_fail(err, errlen, r, "writing the qcow2 tables: %s",
+      return fmt_fail(err, errlen, r, "writing the qcow2 tables: %s",
                      strerror(-r));
   }
   while (len > 0) {
@@ -275,7 +262,7 @@ qcow2_writer_put(struct qcow2_writer *w, int fd, uint64_t off,
     uint64_t n = QW_CLUSTER - in < len ? QW_CLUSTER - in : len;
     if (!qw_allocated(w, c)) {
       if (buf && !buf_is_zero(buf, (size_t)n))
-        return qw_fail(err, errlen, -EIO,
+        return fmt_fail(err, errlen, -EIO,
                        "data at offset %llu, in a cluster the source's map "
                        "called empty: the source changed during the copy",
                        (unsigned long long)off);
@@ -285,7 +272,7 @@ qcow2_writer_put(struct qcow2_writer *w, int fd, uint64_t off,
       if (r == 0 && off + n == w->end && in + n < QW_CLUSTER)
         r = qw_out(w, NULL, QW_CLUSTER - (in + n));
       if (r < 0)
-        return qw_fail(err, errlen, r, "writing cluster %llu: %s",
+        return fmt_fail(err, errlen, r, "writing cluster %llu: %s",
                        (unsigned long long)c, strerror(-r));
     }
     off += n;

@@ -30,6 +30,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "format/common.h"
 #include "format/image.h"
 #include "format/vhd_layout.h"
 #include "util/fileio.h"
@@ -68,23 +69,7 @@ struct vhd_priv {
 static int
 lv_read(const struct vhd_level *l, void *buf, size_t len, uint64_t off)
 {
-  if (l->io)
-    return l->io->pread(l->io, buf, len, off);
-  return file_pread_exact(l->fd, buf, len, off);
-}
-
-static int
-vhd_fail(char *err, size_t errlen, int r, const char *fmt, ...)
-  __attribute__((format(printf, 4, 5)));
-
-static int
-vhd_fail(char *err, size_t errlen, int r, const char *fmt, ...)
-{
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-  return r;
+  return fmt_read(l->fd, l->io, buf, len, off);
 }
 
 /* Only the footer copy that starts a dynamic or differencing disk: a
@@ -107,14 +92,14 @@ vhd_read_footer(struct vhd_level *l, const struct image_opts *o, char *err,
   char why[160] = "";
   int r;
   if (l->file_size < VHD_OLD_FOOTER_LEN)
-    return vhd_fail(err, errlen, -EINVAL,
+    return fmt_fail(err, errlen, -EINVAL,
                     "%s: not a VHD: %llu bytes is too short for a footer",
                     l->path, (unsigned long long)l->file_size);
   size_t n = l->file_size < VHD_FOOTER_LEN ? VHD_OLD_FOOTER_LEN
                                            : VHD_FOOTER_LEN;
   r = lv_read(l, buf, n, l->file_size - n);
   if (r < 0)
-    return vhd_fail(err, errlen, r, "%s: reading the footer: %s", l->path,
+    return fmt_fail(err, errlen, r, "%s: reading the footer: %s", l->path,
                     strerror(-r));
   r = vhd_footer_decode(buf, n, &l->f, why, sizeof why);
   if (r < 0 && n == VHD_FOOTER_LEN)
@@ -127,15 +112,15 @@ vhd_read_footer(struct vhd_level *l, const struct image_opts *o, char *err,
     if (lv_read(l, buf, VHD_FOOTER_LEN, 0) == 0 &&
         vhd_footer_decode(buf, VHD_FOOTER_LEN, &copy, why0,
                           sizeof why0) == 0)
-      return vhd_fail(err, errlen, -EINVAL,
+      return fmt_fail(err, errlen, -EINVAL,
                       "%s: truncated VHD: no footer at the end of its %llu "
                       "bytes (the copy at offset 0 describes a %llu-byte "
                       "disk)", l->path, (unsigned long long)l->file_size,
                       (unsigned long long)copy.current_size);
-    return vhd_fail(err, errlen, -EINVAL, "%s: not a VHD: %s", l->path, why);
+    return fmt_fail(err, errlen, -EINVAL, "%s: not a VHD: %s", l->path, why);
   }
   if (!l->f.checksum_ok && !o->ignore_checksums)
-    return vhd_fail(err, errlen, -EINVAL,
+    return fmt_fail(err, errlen, -EINVAL,
                     "%s: VHD footer checksum 0x%08x is wrong "
                     "(--ignore-checksums reads it anyway)",
                     l->path, l->f.checksum);
@@ -167,7 +152,7 @@ vhd_check_copy(struct vhd_level *l, const struct image_opts *o, char *err,
     field = "UUID";
   if (field == NULL)
     return 0;
-  return vhd_fail(err, errlen, -EINVAL,
+  return fmt_fail(err, errlen, -EINVAL,
                   "%s: the footer copy at offset 0 disagrees with the "
                   "footer at the end on the %s (an interrupted update?); "
                   "--ignore-checksums trusts the one at the end", l->path,
@@ -182,20 +167,20 @@ vhd_read_header(struct vhd_level *l, const struct image_opts *o, char *err,
   char why[200] = "";
   if (l->f.data_offset > l->file_size ||
       l->file_size - l->f.data_offset < VHD_HEADER_LEN)
-    return vhd_fail(err, errlen, -EINVAL,
+    return fmt_fail(err, errlen, -EINVAL,
                     "%s: truncated VHD: its dynamic header at offset %llu "
                     "lies past the end of the %llu-byte file", l->path,
                     (unsigned long long)l->f.data_offset,
                     (unsigned long long)l->file_size);
   int r = lv_read(l, buf, sizeof buf, l->f.data_offset);
   if (r < 0)
-    return vhd_fail(err, errlen, r, "%s: reading the dynamic header: %s",
+    return fmt_fail(err, errlen, r, "%s: reading the dynamic header: %s",
                     l->path, strerror(-r));
   r = vhd_header_decode(buf, &l->h, why, sizeof why);
   if (r < 0)
-    return vhd_fail(err, errlen, r, "%s: %s", l->path, why);
+    return fmt_fail(err, errlen, r, "%s: %s", l->path, why);
   if (!l->h.checksum_ok && !o->ignore_checksums)
-    return vhd_fail(err, errlen, -EINVAL,
+    return fmt_fail(err, errlen, -EINVAL,
                     "%s: VHD dynamic header checksum 0x%08x is wrong "
                     "(--ignore-checksums reads it anyway)",
                     l->path, l->h.checksum);
@@ -209,7 +194,7 @@ vhd_read_bat(struct vhd_level *l, char *err, size_t errlen)
 {
   uint64_t n = (l->size + l->block_size - 1) / l->block_size;
   if (n > VHD_MAX_ENTRIES)
-    return vhd_fail(err, errlen, -EFBIG,
+    return fmt_fail(err, errlen, -EFBIG,
                     "%s: %llu blocks of %u bytes: more than the %u BAT "
                     "entries we read into memory", l->path,
                     (unsigned long long)n, l->block_size, VHD_MAX_ENTRIES);
@@ -220,13 +205,13 @@ vhd_read_bat(struct vhd_level *l, char *err, size_t errlen)
   l->full = calloc(n ? n : 1, 1);
   if (raw == NULL || l->bat == NULL || l->full == NULL) {
     free(raw);
-    return vhd_fail(err, errlen, -ENOMEM, "%s: no memory for the BAT",
+    return fmt_fail(err, errlen, -ENOMEM, "%s: no memory for the BAT",
                     l->path);
   }
   int r = lv_read(l, raw, bytes, l->h.table_offset);
   if (r < 0) {
     free(raw);
-    return vhd_fail(err, errlen, r, "%s: reading the BAT: %s", l->path,
+    return fmt_fail(err, errlen, r, "%s: reading the BAT: %s", l->path,
                     strerror(-r));
   }
   for (uint32_t i = 0; i < l->nblocks; i++) {
@@ -234,7 +219,7 @@ vhd_read_bat(struct vhd_level *l, char *err, size_t errlen)
     if (e != VHD_BAT_UNUSED &&
         !vhd_block_inside(e, l->block_size, l->file_size)) {
       free(raw);
-      return vhd_fail(err, errlen, -EINVAL,
+      return fmt_fail(err, errlen, -EINVAL,
                       "%s: BAT entry %u points at sector %u, past the end "
                       "of the %llu-byte file", l->path, i, e,
                       (unsigned long long)l->file_size);
@@ -254,10 +239,10 @@ vhd_open_level(struct vhd_level *l, const struct image_opts *o, char *err,
   if (l->io) {
     l->file_size = l->io->size;
   } else if (fstat(l->fd, &st) < 0) {
-    return vhd_fail(err, errlen, -errno, "%s: %s", l->path,
+    return fmt_fail(err, errlen, -errno, "%s: %s", l->path,
                     strerror(errno));
   } else if (!S_ISREG(st.st_mode)) {
-    return vhd_fail(err, errlen, -EINVAL,
+    return fmt_fail(err, errlen, -EINVAL,
                     "%s: a VHD must be a regular file", l->path);
   } else {
     l->dev = st.st_dev;
@@ -282,7 +267,7 @@ vhd_open_level(struct vhd_level *l, const struct image_opts *o, char *err,
   if (r < 0) {
     /* A file cut short is the common case: say so plainly. */
     bool cut = strstr(why, "past the end") != NULL;
-    return vhd_fail(err, errlen, r, "%s: %s%s", l->path,
+    return fmt_fail(err, errlen, r, "%s: %s%s", l->path,
                     cut ? "truncated or damaged VHD: " : "", why);
   }
   if (fixed)
@@ -341,19 +326,7 @@ vhd_locator_candidate(const struct vhd_level *child, int i, char *out,
     const char *slash = strrchr(p, '/');
     p = slash + 1;
   }
-  if (p[0] == '/') {
-    if ((size_t)snprintf(out, outlen, "%s", p) >= outlen)
-      return -ENAMETOOLONG;
-    return 0;
-  }
-  const char *slash = strrchr(child->path, '/');
-  int dirlen = slash ? (int)(slash - child->path) : 1;
-  const char *dir = slash ? child->path : ".";
-  if (slash == child->path)
-    dirlen = 0; /* "/x.vhd": the root */
-  if ((size_t)snprintf(out, outlen, "%.*s/%s", dirlen, dir, p) >= outlen)
-    return -ENAMETOOLONG;
-  return 0;
+  return fmt_path_beside(child->path, p, out, outlen);
 }
 
 /* Finds, opens and checks the parent of p->lv[k] into p->lv[k + 1]. */
@@ -367,7 +340,7 @@ vhd_open_parent(struct vhd_priv *p, int k, const struct image_opts *o,
   bool uuid_wrong = false;
   char cand[PATH_MAX];
   if (k + 1 >= VHD_MAX_DEPTH)
-    return vhd_fail(err, errlen, -ELOOP,
+    return fmt_fail(err, errlen, -ELOOP,
                     "%s: a chain of more than %d VHDs (a loop?)",
                     p->lv[0].path, VHD_MAX_DEPTH);
   for (int i = 0; i < VHD_LOCATORS; i++) {
@@ -386,7 +359,7 @@ vhd_open_parent(struct vhd_priv *p, int k, const struct image_opts *o,
       for (int j = 0; j <= k; j++)
         if (p->lv[j].dev == st.st_dev && p->lv[j].ino == st.st_ino) {
           close(fd);
-          return vhd_fail(err, errlen, -ELOOP,
+          return fmt_fail(err, errlen, -ELOOP,
                           "%s: the chain of parents makes a loop: %s is "
                           "its own ancestor", p->lv[0].path, cand);
         }
@@ -394,7 +367,7 @@ vhd_open_parent(struct vhd_priv *p, int k, const struct image_opts *o,
     *par = (struct vhd_level){ .fd = fd, .path = strdup(cand) };
     if (par->path == NULL) {
       vhd_close_level(par);
-      return vhd_fail(err, errlen, -ENOMEM, "out of memory");
+      return fmt_fail(err, errlen, -ENOMEM, "out of memory");
     }
     int r = vhd_open_level(par, o, err, errlen);
     if (r < 0)
@@ -409,11 +382,11 @@ vhd_open_parent(struct vhd_priv *p, int k, const struct image_opts *o,
   char want[37];
   vhd_uuid_str(child->h.parent_uuid, want);
   if (uuid_wrong)
-    return vhd_fail(err, errlen, -EINVAL,
+    return fmt_fail(err, errlen, -EINVAL,
                     "%s: parent UUID mismatch: %s does not have the UUID %s "
                     "that %s records for its parent", p->lv[0].path, tried,
                     want, child->path);
-  return vhd_fail(err, errlen, -ENOENT,
+  return fmt_fail(err, errlen, -ENOENT,
                   "%s: parent \"%s\" of %s not found (tried: %s)",
                   p->lv[0].path, child->h.parent_name, child->path,
                   tl ? tried : "no usable locator");
@@ -429,7 +402,7 @@ vhd_open(struct image *img, int fd, struct image_io *io,
       close(fd);
     else
       io->close(io);
-    return vhd_fail(err, errlen, -ENOMEM, "%s: out of memory", img->path);
+    return fmt_fail(err, errlen, -ENOMEM, "%s: out of memory", img->path);
   }
   for (int i = 0; i < VHD_MAX_DEPTH; i++)
     p->lv[i].fd = -1;
@@ -439,18 +412,18 @@ vhd_open(struct image *img, int fd, struct image_io *io,
   p->lv[0].io = fd < 0 ? io : NULL;
   p->lv[0].path = strdup(img->path);
   if (p->lv[0].path == NULL)
-    return vhd_fail(err, errlen, -ENOMEM, "%s: out of memory", img->path);
+    return fmt_fail(err, errlen, -ENOMEM, "%s: out of memory", img->path);
   int r = vhd_open_level(&p->lv[0], o, err, errlen);
   if (r < 0)
     return r;
   for (int k = 0; p->lv[k].f.disk_type == VHD_TYPE_DIFF; k++) {
     if (p->lv[k].io)
-      return vhd_fail(err, errlen, -ENOTSUP,
+      return fmt_fail(err, errlen, -ENOTSUP,
                       "%s: a differencing VHD whose parent is \"%s\": a "
                       "parent is looked for beside a file, and this image "
                       "is not one", img->path, p->lv[k].h.parent_name);
     if (!o->format_given)
-      return vhd_fail(err, errlen, -EPERM,
+      return fmt_fail(err, errlen, -EPERM,
                       "%s: a differencing VHD whose parent is \"%s\"; a "
                       "probed image never opens its parent: name the "
                       "format (--src-format vhd, -f vhd or vhd:PATH) to "

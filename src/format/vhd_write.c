@@ -12,6 +12,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "format/common.h"
 #include "format/vhd_layout.h"
 #include "util/fileio.h"
 #include "util/zero.h"
@@ -34,20 +35,6 @@ struct vhd_writer {
   bool started, done;
 };
 
-static int
-vw_fail(char *err, size_t errlen, int r, const char *fmt, ...)
-  __attribute__((format(printf, 4, 5)));
-
-static int
-vw_fail(char *err, size_t errlen, int r, const char *fmt, ...)
-{
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-  return r;
-}
-
 static bool
 vw_allocated(const struct vhd_writer *w, uint32_t b)
 {
@@ -59,17 +46,17 @@ vhd_writer_new(uint64_t size, uint32_t block, const uint8_t *alloc,
                struct vhd_writer **out, char *err, size_t errlen)
 {
   if (size > VHD_MAX_SIZE)
-    return vw_fail(err, errlen, -EFBIG,
+    return fmt_fail(err, errlen, -EFBIG,
                    "a disk of %llu bytes is larger than a VHD can hold "
                    "(2040 GiB); copy it as raw",
                    (unsigned long long)size);
   if (block < VHD_MIN_BLOCK || (block & (block - 1)) != 0)
-    return vw_fail(err, errlen, -EINVAL,
+    return fmt_fail(err, errlen, -EINVAL,
                    "VHD block size %u is not a power of two of at least "
                    "512", block);
   struct vhd_writer *w = calloc(1, sizeof *w);
   if (w == NULL)
-    return vw_fail(err, errlen, -ENOMEM, "out of memory");
+    return fmt_fail(err, errlen, -ENOMEM, "out of memory");
   w->fd = -1;
   w->end = size;
   w->size = (size + VHD_SECTOR - 1) / VHD_SECTOR * VHD_SECTOR;
@@ -82,7 +69,7 @@ vhd_writer_new(uint64_t size, uint32_t block, const uint8_t *alloc,
     memcpy(w->alloc, alloc, abytes);
   if (w->bitmap == NULL || (alloc != NULL && w->alloc == NULL)) {
     vhd_writer_free(w);
-    return vw_fail(err, errlen, -ENOMEM, "out of memory");
+    return fmt_fail(err, errlen, -ENOMEM, "out of memory");
   }
   struct vhd_footer *f = &w->footer;
   f->features = 2;
@@ -103,7 +90,7 @@ vhd_writer_new(uint64_t size, uint32_t block, const uint8_t *alloc,
   f->disk_type = VHD_TYPE_DYNAMIC;
   if (getrandom(f->uuid, sizeof f->uuid, 0) != sizeof f->uuid) {
     vhd_writer_free(w);
-    return vw_fail(err, errlen, -EIO, "no random bytes for the VHD's UUID");
+    return fmt_fail(err, errlen, -EIO, "no random bytes for the VHD's UUID");
   }
   f->uuid[6] = (uint8_t)((f->uuid[6] & 0x0F) | 0x40); /* version 4 */
   f->uuid[8] = (uint8_t)((f->uuid[8] & 0x3F) | 0x80);
@@ -192,14 +179,14 @@ vhd_writer_put(struct vhd_writer *w, int fd, uint64_t off,
   int r;
   w->fd = fd;
   if (off != w->pos || w->done || len > w->end - off)
-    return vw_fail(err, errlen, -EINVAL,
+    return fmt_fail(err, errlen, -EINVAL,
                    "VHD writer: %llu bytes at offset %llu out of order "
                    "(expected offset %llu)", (unsigned long long)len,
                    (unsigned long long)off, (unsigned long long)w->pos);
   if (!w->started) {
     w->started = true;
     if ((r = vw_start(w)) < 0)
-      return vw_fail(err, errlen, r, "writing the VHD's tables: %s",
+      return fmt_fail(err, errlen, r, "writing the VHD's tables: %s",
                      strerror(-r));
   }
   while (len > 0) {
@@ -208,7 +195,7 @@ vhd_writer_put(struct vhd_writer *w, int fd, uint64_t off,
     uint64_t n = w->block - in < len ? w->block - in : len;
     if (!vw_allocated(w, b)) {
       if (buf && !buf_is_zero(buf, (size_t)n))
-        return vw_fail(err, errlen, -EIO,
+        return fmt_fail(err, errlen, -EIO,
                        "data at offset %llu, in a block the source's map "
                        "called empty: the source changed during the copy",
                        (unsigned long long)off);
@@ -221,7 +208,7 @@ vhd_writer_put(struct vhd_writer *w, int fd, uint64_t off,
       if (r == 0 && off + n == w->end && in + n < w->block)
         r = vw_write(w, NULL, w->block - (in + n));
       if (r < 0)
-        return vw_fail(err, errlen, r, "writing block %u: %s", b,
+        return fmt_fail(err, errlen, r, "writing block %u: %s", b,
                        strerror(-r));
     }
     off += n;
@@ -234,7 +221,7 @@ vhd_writer_put(struct vhd_writer *w, int fd, uint64_t off,
     uint8_t foot[VHD_FOOTER_LEN];
     vhd_footer_encode(&w->footer, foot);
     if ((r = vw_write(w, foot, sizeof foot)) < 0)
-      return vw_fail(err, errlen, r, "writing the VHD footer: %s",
+      return fmt_fail(err, errlen, r, "writing the VHD footer: %s",
                      strerror(-r));
     w->done = true;
   }
