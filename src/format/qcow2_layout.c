@@ -48,14 +48,14 @@
 #define EXTL2_MIN_CLUSTER_BITS 14u
 
 /* Feature name table entries: u8 type, u8 bit number, 46 bytes of name. */
-#define FEATURE_ENTRY_LEN  48u
-#define FEATURE_NAME_LEN   46u
-#define FEATURE_INCOMPAT   0u
+#define FEATURE_ENTRY_LEN 48u
+#define FEATURE_NAME_LEN  46u
+#define FEATURE_INCOMPAT  0u
 
 /* Compressed clusters: sizes count 512-byte sectors whatever the cluster
  * size, and host offsets past bit 55 must be 0 (qcow2.rst). */
-#define COMPRESSED_SECTOR  512u
-#define HOST_OFFSET_LIMIT  (UINT64_C(1) << 56)
+#define COMPRESSED_SECTOR 512u
+#define HOST_OFFSET_LIMIT (UINT64_C(1) << 56)
 
 static int __attribute__((format(printf, 3, 4)))
 fail(char *err, size_t errlen, const char *fmt, ...)
@@ -103,7 +103,10 @@ qcow2_ext_decode(const uint8_t *p, size_t len, struct qcow2_ext *x)
   size_t room = len - EXT_HEADER_LEN;
   if (n > room)
     return -EINVAL;
-  /* n <= room, so rounding up adds at most 7 to a size_t below len. */
+  /* The padding must fit too, as the contract says "the whole
+   * extension"; qemu checks only the data, but every writer pads, so
+   * only a forged header can tell the two apart. n <= room, so rounding
+   * up adds at most 7 to a size_t below len. */
   size_t padded = ((size_t)n + 7) & ~(size_t)7;
   if (padded > room)
     return -EINVAL;
@@ -114,34 +117,54 @@ qcow2_ext_decode(const uint8_t *p, size_t len, struct qcow2_ext *x)
   return 0;
 }
 
-/* Calls fn for each extension of the header area [h->header_len,
- * min(ext_end, len)) up to the end marker; bytes past the input are past
- * the end of the file, which qemu reads as zeroes, an end marker. Returns
- * 0, the first nonzero value of fn, or -EINVAL with *bad the offset of an
- * extension that does not fit. Each step advances by 8 bytes or more, so
- * the walk ends. */
+/* The 8-byte header of the extension at off < len: its type and data
+ * length, bytes past len read as zeroes. */
+static void
+ext_header_at(const uint8_t *p, size_t len, uint64_t off, uint32_t *type,
+              uint32_t *n)
+{
+  uint8_t b[EXT_HEADER_LEN] = { 0 };
+  size_t k = len - off < EXT_HEADER_LEN ? (size_t)(len - off) : EXT_HEADER_LEN;
+  memcpy(b, p + off, k);
+  *type = wire_get32(b);
+  *n = wire_get32(b + 4);
+}
+
+/* Walks the header area [h->header_len, ext_end(h)) as qemu does: every
+ * extension, padding included, must fit in the area; the walk stops at
+ * the end marker or the area's end. Bytes past the input are past the
+ * end of the file, which qemu reads as zeroes: an end marker there, and
+ * an extension cut by the input is checked against the area only. fn is
+ * called for each extension wholly inside the input. Returns 0, the first
+ * nonzero value of fn, or -EINVAL with *bad the offset of the extension
+ * that does not fit. Each step advances by 8 bytes or more, so the walk
+ * ends. */
 typedef int (*ext_fn)(const struct qcow2_ext *x, void *opaque);
 
 static int
 ext_walk(const uint8_t *p, size_t len, const struct qcow2_header *h,
-         ext_fn fn, void *opaque, uint64_t *bad, uint64_t *limit_out)
+         ext_fn fn, void *opaque, uint64_t *bad)
 {
-  uint64_t limit = ext_end(h);
-  if (limit > len)
-    limit = len;
-  *limit_out = limit;
-  for (uint64_t off = h->header_len; off < limit;) {
-    struct qcow2_ext x;
-    if (qcow2_ext_decode(p + off, (size_t)(limit - off), &x) < 0) {
-      *bad = off;
+  uint64_t end = ext_end(h);
+  for (uint64_t off = h->header_len; off < end && off < len;) {
+    uint32_t type, n;
+    *bad = off;
+    ext_header_at(p, len, off, &type, &n);
+    /* At least 8: an area of fewer bytes left is refused too, as qemu
+     * does, even for an end marker. */
+    uint64_t total = EXT_HEADER_LEN + (((uint64_t)n + 7) & ~UINT64_C(7));
+    if (total > end - off)
       return -EINVAL;
-    }
-    if (x.type == QCOW2_EXT_END)
+    if (type == QCOW2_EXT_END)
       return 0;
-    int r = fn(&x, opaque);
-    if (r != 0)
-      return r;
-    off += x.total;
+    struct qcow2_ext x;
+    if (total <= len - off &&
+        qcow2_ext_decode(p + off, (size_t)total, &x) == 0) {
+      int r = fn(&x, opaque);
+      if (r != 0)
+        return r;
+    }
+    off += total;
   }
   return 0;
 }
@@ -203,8 +226,8 @@ check_incompat(const uint8_t *p, size_t len, const struct qcow2_header *h,
   if (unknown == 0)
     return 0;
   struct feature_query q = { .bit = (uint32_t)lowest_bit(unknown) };
-  uint64_t bad, limit;
-  if (ext_walk(p, len, h, ext_feature_name, &q, &bad, &limit) == 1)
+  uint64_t bad;
+  if (ext_walk(p, len, h, ext_feature_name, &q, &bad) == 1)
     return fail(err, errlen,
                 "qcow2 image uses unknown incompatible feature bit %u "
                 "(\"%s\"; incompatible features 0x%llx)",
@@ -261,13 +284,16 @@ decode_v3_fields(const uint8_t *p, size_t len, struct qcow2_header *h,
     return fail(err, errlen,
                 "qcow2 header length %u exceeds the cluster size %u",
                 h->header_len, qcow2_cluster_size(h));
-  if (h->header_len > len)
-    return fail(err, errlen,
-                "qcow2 header length %u exceeds the %zu bytes given",
-                h->header_len, len);
-  /* Older images stop at 104 bytes: deflate, the only type then. */
-  if (h->header_len > HEADER_COMPRESSION_TYPE)
+  /* Older images stop at 104 bytes: deflate, the only type then. The
+   * fields past it that this code does not know need not be given. */
+  if (h->header_len > HEADER_COMPRESSION_TYPE) {
+    if (len <= HEADER_COMPRESSION_TYPE)
+      return fail(err, errlen,
+                  "qcow2 header of %u bytes has its compression type at "
+                  "byte 104, past the %zu bytes given",
+                  h->header_len, len);
     h->compression = p[HEADER_COMPRESSION_TYPE];
+  }
   return 0;
 }
 
@@ -322,6 +348,13 @@ check_backing_name(const struct qcow2_header *h, char *err, size_t errlen)
   return 0;
 }
 
+/* The order is qemu's: what the header says of itself, unknown features
+ * (before anything they may change the meaning of), the feature-dependent
+ * fields, the backing name, then the extensions. Only the bytes read are
+ * needed (104, or 105 for the compression type); the extensions are
+ * checked as far as p goes, so a reader checks them all by passing the
+ * first cluster, or the whole file when it is shorter (what lies past the
+ * file reads as zeroes, as in qemu). */
 int
 qcow2_header_decode(const uint8_t *p, size_t len, struct qcow2_header *h,
                     char *err, size_t errlen)
@@ -331,7 +364,8 @@ qcow2_header_decode(const uint8_t *p, size_t len, struct qcow2_header *h,
   if (len < 4)
     return fail(err, errlen, "%zu bytes are too few for a qcow2 header", len);
   if (wire_get32(p + HEADER_MAGIC) != QCOW2_MAGIC)
-    return fail(err, errlen, "magic 0x%08x is not qcow2's 0x%08x (\"QFI\\xfb\")",
+    return fail(err, errlen,
+                "magic 0x%08x is not qcow2's 0x%08x (\"QFI\\xfb\")",
                 wire_get32(p + HEADER_MAGIC), QCOW2_MAGIC);
   if (len < QCOW2_V2_HEADER_LEN)
     return fail(err, errlen, "qcow2 header needs %u bytes, only %zu given",
@@ -363,20 +397,22 @@ qcow2_header_decode(const uint8_t *p, size_t len, struct qcow2_header *h,
   r = check_backing_name(h, err, errlen);
   if (r < 0)
     return r;
-  uint64_t bad, limit;
-  if (ext_walk(p, len, h, ext_ignore, NULL, &bad, &limit) < 0)
+  uint64_t bad;
+  if (ext_walk(p, len, h, ext_ignore, NULL, &bad) < 0)
     return fail(err, errlen,
                 "qcow2 header extension at byte %llu runs past byte %llu, "
                 "the end of the header area",
-                (unsigned long long)bad, (unsigned long long)limit);
+                (unsigned long long)bad, (unsigned long long)ext_end(h));
   return 0;
 }
 
+/* A header_len below 104 (a decoded version 2 header) is written as 104,
+ * the shortest version 3 header, and 104 is returned. */
 size_t
 qcow2_header_encode(const struct qcow2_header *h, uint8_t *out)
 {
   size_t n = h->header_len < QCOW2_V3_HEADER_LEN ? QCOW2_V3_HEADER_LEN
-                                                  : h->header_len;
+                                                 : h->header_len;
   memset(out, 0, n);
   wire_put32(out + HEADER_MAGIC, QCOW2_MAGIC);
   wire_put32(out + HEADER_VERSION, 3);

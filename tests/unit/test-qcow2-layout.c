@@ -309,16 +309,24 @@ lcg(uint8_t *out, size_t n)
   }
 }
 
-/* Copies n bytes into a fresh allocation of exactly n bytes (at least 1).
- * Caller frees. */
+/* A fresh allocation of exactly n bytes (at least 1). Caller frees. */
 static uint8_t *
-dup_exact(const void *p, size_t n)
+alloc_exact(size_t n)
 {
   uint8_t *b = malloc(n ? n : 1);
   if (b == NULL) {
     perror("malloc");
     exit(2);
   }
+  return b;
+}
+
+/* Copies n bytes into a fresh allocation of exactly n bytes. Caller
+ * frees. */
+static uint8_t *
+dup_exact(const void *p, size_t n)
+{
+  uint8_t *b = alloc_exact(n);
   if (n)
     memcpy(b, p, n);
   return b;
@@ -328,7 +336,8 @@ dup_exact(const void *p, size_t n)
 static uint8_t *
 cat2(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen)
 {
-  uint8_t *p = dup_exact(a, alen + blen);
+  uint8_t *p = alloc_exact(alen + blen);
+  memcpy(p, a, alen);
   memcpy(p + alen, b, blen);
   return p;
 }
@@ -346,7 +355,8 @@ v3_area(const uint8_t head[112])
 static uint8_t *
 back_area(const uint8_t head[128], const char *name)
 {
-  uint8_t *p = dup_exact(head, 536);
+  uint8_t *p = alloc_exact(536);
+  memcpy(p, head, 128);
   memcpy(p + 128, feature_area, 392); /* the table, not its end marker */
   memset(p + 520, 0, 8);
   memcpy(p + 528, name, 8);
@@ -661,8 +671,12 @@ test_header_refused(void)
           "71 bytes refused");
   refused(decode(b, 103, &h, err, sizeof err), err, "only 103",
           "a v3 header of 103 bytes refused");
-  refused(decode(b, 111, &h, err, sizeof err), err, "112 exceeds the 111",
-          "a v3 header cut before its header length refused");
+  refused(decode(b, 104, &h, err, sizeof err), err,
+          "compression type at byte 104, past the 104 bytes given",
+          "a 112-byte header cut before its compression type refused");
+  is(decode(b, 105, &h, err, sizeof err), 0,
+     "105 bytes: all the fields that are read");
+  is(h.header_len, 112, "105 bytes: header length 112");
   wire_put32(b + 4, 1);
   refused(decode(b, V3_AREA_LEN, &h, err, sizeof err), err, "version 1",
           "version 1 refused");
@@ -716,8 +730,9 @@ test_header_refused(void)
   refused(decode(b, V3_AREA_LEN, &h, err, sizeof err), err,
           "0 is shorter", "header length 0 refused");
   wire_put32(b + 100, 520);
-  refused(decode(b, V3_AREA_LEN, &h, err, sizeof err), err,
-          "520 exceeds the 512 bytes", "header past the input refused");
+  is(decode(b, V3_AREA_LEN, &h, err, sizeof err), 0,
+     "a header longer than the input: fields past 104 are not needed");
+  is(h.header_len, 520, "header length 520");
   wire_put32(b + 100, 0xfffffff8);
   refused(decode(b, V3_AREA_LEN, &h, err, sizeof err), err,
           "exceeds the cluster size 65536", "header length 2^32-8 refused");
@@ -727,9 +742,8 @@ test_header_refused(void)
           "1024 exceeds the cluster size 512",
           "a header longer than its 512-byte cluster refused");
   wire_put32(c + 100, 512);
-  refused(decode(c, sizeof c512_head, &h, err, sizeof err), err,
-          "512 exceeds the 120 bytes given",
-          "a whole-cluster header longer than the input refused");
+  is(decode(c, sizeof c512_head, &h, err, sizeof err), 0,
+     "a header of the whole 512-byte cluster decodes");
   free(c);
 
   /* Compression type: qemu's rules. */
@@ -809,37 +823,74 @@ test_header_refused(void)
      "a length without a name offset is ignored, as qemu does");
   is(h.backing_len, 0, "and kept as 0");
 
-  /* Extensions: each inside the header area, padding included. */
+  /* Extensions: each inside the header area (to the backing name or the
+   * end of the first cluster), padding included; bytes past the input
+   * are past the file, zeroes to qemu. */
   RESET();
-  wire_put32(b + 116, 393);
-  refused(decode(b, V3_AREA_LEN, &h, err, sizeof err), err,
-          "extension at byte 112 runs past byte 512",
-          "a feature table past the input refused");
   wire_put32(b + 116, 0xffffffff);
   refused(decode(b, V3_AREA_LEN, &h, err, sizeof err), err,
-          "extension at byte 112", "an extension of 2^32-1 bytes refused");
+          "extension at byte 112 runs past byte 65536",
+          "an extension of 2^32-1 bytes refused");
+  wire_put32(b + 116, 65536 - 120);
+  is(decode(b, V3_AREA_LEN, &h, err, sizeof err), 0,
+     "an extension to the end of the first cluster, past the input, "
+     "decodes");
+  wire_put32(b + 116, 65536 - 120 + 1);
+  refused(decode(b, V3_AREA_LEN, &h, err, sizeof err), err,
+          "extension at byte 112 runs past byte 65536",
+          "its data one byte past the first cluster refused");
+  wire_put32(b + 116, 393);
+  wire_put64(b + 8, 512);
+  wire_put32(b + 16, 8);
+  refused(decode(b, V3_AREA_LEN, &h, err, sizeof err), err,
+          "extension at byte 112 runs past byte 512",
+          "a feature table across the backing name at 512 refused");
   wire_put32(b + 116, 385);
   is(decode(b, V3_AREA_LEN, &h, err, sizeof err), 0,
-     "385 bytes padded to 392 end at 512: the end of the input ends the "
-     "list");
+     "385 bytes padded to 392 end at the name");
   wire_put64(b + 8, 508);
   wire_put32(b + 16, 4);
   refused(decode(b, V3_AREA_LEN, &h, err, sizeof err), err,
           "extension at byte 112 runs past byte 508",
           "data before the backing name, padding across it, refused");
+  wire_put32(b + 116, 384);
+  refused(decode(b, V3_AREA_LEN, &h, err, sizeof err), err,
+          "extension at byte 504 runs past byte 508",
+          "an end marker across the backing name refused (as qemu does)");
   RESET();
   wire_put32(b + 504, 0x12345678); /* the end marker becomes unknown */
   is(decode(b, V3_AREA_LEN, &h, err, sizeof err), 0,
-     "an unknown extension of no data, ending the input, decodes");
-  refused(decode(b, 508, &h, err, sizeof err), err,
-          "extension at byte 504 runs past byte 508",
-          "an extension header cut by the end of the input refused");
-  is(decode(b, 504, &h, err, sizeof err), 0,
-     "an input ending after an extension ends the list (zeroes follow)");
-  wire_put32(b + 508, 1);
+     "an unknown extension of no data decodes");
+  is(decode(b, 508, &h, err, sizeof err), 0,
+     "its header cut by the input: the rest reads as zeroes");
+  wire_put32(b + 508, 65536 - 512 + 1);
   refused(decode(b, V3_AREA_LEN, &h, err, sizeof err), err,
-          "extension at byte 504 runs past byte 512",
-          "one byte of data past the input refused");
+          "extension at byte 504 runs past byte 65536",
+          "its length past the first cluster refused");
+  is(decode(b, 504, &h, err, sizeof err), 0,
+     "an input ending before it ends the list");
+
+  /* 512-byte clusters: the header area is the 512 bytes given. */
+  uint8_t a[512];
+  memset(a, 0, sizeof a);
+  memcpy(a, c512_head, 112);
+  wire_put32(a + 112, 0x12345678);
+  wire_put32(a + 116, 384);
+  uint8_t *e = dup_exact(a, sizeof a);
+  is(qcow2_header_decode(e, sizeof a, &h, err, sizeof err), 0,
+     "c512: an extension to 504, then an end marker, decodes");
+  free(e);
+  wire_put32(a + 116, 385);
+  e = dup_exact(a, sizeof a);
+  is(qcow2_header_decode(e, sizeof a, &h, err, sizeof err), 0,
+     "c512: 385 bytes padded to the cluster's end decode");
+  free(e);
+  wire_put32(a + 116, 393);
+  e = dup_exact(a, sizeof a);
+  refused(qcow2_header_decode(e, sizeof a, &h, err, sizeof err), err,
+          "extension at byte 112 runs past byte 512",
+          "c512: an extension past the cluster refused");
+  free(e);
   RESET();
   wire_put32(b + 100, 512);
   is(decode(b, V3_AREA_LEN, &h, err, sizeof err), 0,
@@ -1152,7 +1203,8 @@ test_l2(void)
   cluster_is(&h, UINT64_C(0x0000000000070001), 0, QCOW2_ZERO, 0x70000, 0, 0,
              0, "zero with a preallocated cluster");
   cluster_is(&h, UINT64_C(0x8000000000050000), UINT64_MAX, QCOW2_NORMAL,
-             0x50000, 0, 0, 0, "without extended L2 the second word is ignored");
+             0x50000, 0, 0, 0,
+             "without extended L2 the second word is ignored");
 
   /* Refused standard entries. */
   static const uint64_t reserved[] = { 2, 0x100, UINT64_C(1) << 56,
