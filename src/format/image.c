@@ -65,7 +65,9 @@ image_open(const char *path, const struct image_opts *o, struct image **out,
   *out = NULL;
   if (o->format == IMAGE_FORMAT_RAW)
     return 0;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: a FIFO must not hold the probe up (it is raw anyway); it
+   * changes nothing for files and devices. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0 && o->format == IMAGE_FORMAT_AUTO)
     return 0; /* the caller opens it as a plain file and says why not */
   if (fd < 0) {
