@@ -489,10 +489,13 @@ info_map_image(FILE *out, struct image *img, bool json)
   struct image_extent ext[1024];
   uint64_t off = 0;
   while (off < img->size) {
-    int n = img->ops->extents(img, off, img->size - off, ext, 1024);
+    char why[200] = "";
+    int n = img->ops->extents(img, off, img->size - off, ext, 1024, why,
+                              sizeof why);
     if (n <= 0) {
       log_error("%s: allocation at offset %llu: %s", img->path,
-                (unsigned long long)off, strerror(n < 0 ? -n : EPROTO));
+                (unsigned long long)off,
+                why[0] ? why : strerror(n < 0 ? -n : EPROTO));
       return n < 0 ? n : -EPROTO;
     }
     for (int i = 0; i < n && off < img->size; i++) {

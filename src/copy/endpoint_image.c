@@ -22,21 +22,24 @@ image_work(struct work *w)
   struct endpoint *e = op->ep;
   struct image *img = e->priv;
   int r = 0;
+  char why[200] = "";
   if (op->type == EP_READ) {
-    r = img->ops->pread(img, op->buf, op->length, op->offset);
+    r = img->ops->pread(img, op->buf, op->length, op->offset, why,
+                        sizeof why);
   } else {
     struct image_extent x[IMG_EXTENTS_MAX];
     int max = op->max_extents < IMG_EXTENTS_MAX ? (int)op->max_extents
                                                 : IMG_EXTENTS_MAX;
-    r = img->ops->extents(img, op->offset, op->length, x, max);
+    r = img->ops->extents(img, op->offset, op->length, x, max, why,
+                          sizeof why);
     for (int i = 0; i < r; i++)
       op->extents[op->nextents++] = (struct endpoint_extent){
         x[i].length, (x[i].flags & IMAGE_ZERO) != 0 };
   }
   if (r < 0) {
     op->err = -r;
-    snprintf(op->errmsg, sizeof op->errmsg, "%s image %s",
-             img->ops->name, img->path);
+    snprintf(op->errmsg, sizeof op->errmsg, "%s image %s%s%s",
+             img->ops->name, img->path, why[0] ? ": " : "", why);
   }
   ep_env_complete(e->env, op);
 }

@@ -89,11 +89,16 @@ struct image_ops {
    * from the call on, whatever the result), and sets img->size. */
   int (*open)(struct image *img, int fd, struct image_io *io,
               const struct image_opts *o, char *err, size_t errlen);
-  int (*pread)(struct image *img, void *buf, uint64_t len, uint64_t off);
+  /* pread and extents say what they found wrong (a table entry past the
+   * end of the file, a cluster that does not inflate) in why, when they
+   * know more than the errno. */
+  int (*pread)(struct image *img, void *buf, uint64_t len, uint64_t off,
+               char *why, size_t whylen);
   /* Describes [off, off + len) from off on in at most max extents that
    * cover at least one byte; returns how many or -errno. */
   int (*extents)(struct image *img, uint64_t off, uint64_t len,
-                 struct image_extent *ext, int max);
+                 struct image_extent *ext, int max, char *why,
+                 size_t whylen);
   /* Optional, never blocks: see struct image_map; -EAGAIN when the start
    * of the range cannot be mapped without I/O or not at all. */
   int (*map)(struct image *img, uint64_t off, uint64_t len,

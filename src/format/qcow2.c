@@ -631,10 +631,11 @@ q_read_run(struct qcow2_priv *p, int k, uint64_t off, uint64_t len,
   struct q_read_arg *a = arg;
   struct qcow2_level *l = &p->lv[k];
   uint8_t *dst = a->buf + (off - a->base);
-  if (c == NULL || c->kind == QCOW2_UNALLOCATED) {
-    if (c == NULL || l->entry_len == 8 || c->sub_alloc == 0)
-      return q_read_below(p, k, dst, len, off, a->why, a->wl);
-  }
+  /* Unallocated; with extended L2, its zero subclusters still read as
+   * zeroes (the walk below). */
+  if (c == NULL || (c->kind == QCOW2_UNALLOCATED &&
+                    (l->entry_len == 8 || (c->sub_alloc | c->sub_zero) == 0)))
+    return q_read_below(p, k, dst, len, off, a->why, a->wl);
   if (c->kind == QCOW2_ZERO) {
     memset(dst, 0, len);
     return 0;
@@ -695,12 +696,12 @@ q_read_level(struct qcow2_priv *p, int k, uint8_t *buf, uint64_t len,
 }
 
 static int
-q_pread(struct image *img, void *buf, uint64_t len, uint64_t off)
+q_pread(struct image *img, void *buf, uint64_t len, uint64_t off, char *why,
+        size_t wl)
 {
-  char why[200] = "";
   if (off > img->size || len > img->size - off)
     return -EINVAL;
-  return q_read_level(img->priv, 0, buf, len, off, why, sizeof why);
+  return q_read_level(img->priv, 0, buf, len, off, why, wl);
 }
 
 /* ---- extents ---- */
@@ -746,7 +747,8 @@ q_ext_run(struct qcow2_priv *p, int k, uint64_t off, uint64_t len,
   struct q_ext_arg *o = arg;
   struct qcow2_level *l = &p->lv[k];
   if (c == NULL ||
-      (c->kind == QCOW2_UNALLOCATED && (l->entry_len == 8 || !c->sub_alloc)))
+      (c->kind == QCOW2_UNALLOCATED &&
+       (l->entry_len == 8 || (c->sub_alloc | c->sub_zero) == 0)))
     return q_extents_below(p, k, off, len, o);
   if (c->kind == QCOW2_ZERO)
     return q_emit(o, len, IMAGE_HOLE | IMAGE_ZERO);
@@ -807,9 +809,8 @@ q_extents_level(struct qcow2_priv *p, int k, uint64_t off, uint64_t len,
 
 static int
 q_extents(struct image *img, uint64_t off, uint64_t len,
-          struct image_extent *ext, int max)
+          struct image_extent *ext, int max, char *why, size_t wl)
 {
-  char why[200] = "";
   if (off >= img->size || max <= 0)
     return -EINVAL;
   if (len > img->size - off)
@@ -820,7 +821,7 @@ q_extents(struct image *img, uint64_t off, uint64_t len,
   uint64_t cap = (uint64_t)max << p->lv[0].cluster_bits;
   if (!p->lv[0].raw && len > cap)
     len = cap;
-  struct q_ext_arg o = { ext, 0, max, why, sizeof why };
+  struct q_ext_arg o = { ext, 0, max, why, wl };
   int r = q_extents_level(p, 0, off, len, &o);
   if (r < 0)
     return o.n > 0 ? o.n : r;
@@ -899,8 +900,10 @@ q_info(struct image *img, struct image_info *out)
       if (qcow2_l2_decode(&l->h, qcow2_get64(e),
                           l->entry_len == 16 ? qcow2_get64(e + 8) : 0, &c,
                           why, sizeof why) == 0 &&
-          (c.kind == QCOW2_NORMAL || c.kind == QCOW2_COMPRESSED))
-        out->allocated += l->cluster;
+          (c.kind == QCOW2_COMPRESSED ||
+           (c.kind == QCOW2_NORMAL &&
+            (l->entry_len == 8 || c.sub_alloc != 0))))
+        out->allocated += l->cluster; /* a cluster holding some data */
     }
     free(t);
   }

@@ -579,8 +579,10 @@ vhd_read_level(struct vhd_priv *p, int k, uint8_t *buf, uint64_t len,
 }
 
 static int
-vhd_pread(struct image *img, void *buf, uint64_t len, uint64_t off)
+vhd_pread(struct image *img, void *buf, uint64_t len, uint64_t off,
+          char *why, size_t wl)
 {
+  (void)why, (void)wl; /* every failure here is the file's errno */
   if (off > img->size || len > img->size - off)
     return -EINVAL;
   return vhd_read_level(img->priv, 0, buf, len, off);
@@ -696,8 +698,9 @@ vhd_extents_level(struct vhd_priv *p, int k, uint64_t off, uint64_t len,
 
 static int
 vhd_extents(struct image *img, uint64_t off, uint64_t len,
-            struct image_extent *ext, int max)
+            struct image_extent *ext, int max, char *why, size_t wl)
 {
+  (void)why, (void)wl;
   if (off >= img->size || max <= 0)
     return -EINVAL;
   if (len > img->size - off)

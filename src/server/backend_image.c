@@ -19,7 +19,8 @@ static int
 img_pread(struct export *e, void *buf, uint64_t len, uint64_t off)
 {
   struct image *img = e->priv;
-  return img->ops->pread(img, buf, len, off);
+  char why[200];
+  return img->ops->pread(img, buf, len, off, why, sizeof why);
 }
 
 static int
@@ -72,8 +73,10 @@ img_extents(struct export *e, uint64_t off, uint64_t len, struct extent *ext,
 {
   struct image *img = e->priv;
   struct image_extent x[IMG_EXTENTS_MAX];
+  char why[200];
   int n = img->ops->extents(img, off, len, x,
-                            max < IMG_EXTENTS_MAX ? max : IMG_EXTENTS_MAX);
+                            max < IMG_EXTENTS_MAX ? max : IMG_EXTENTS_MAX,
+                            why, sizeof why);
   for (int i = 0; i < n; i++)
     ext[i] = (struct extent){ x[i].length, x[i].flags };
   return n;
