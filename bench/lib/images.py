@@ -9,6 +9,12 @@ known state, and verify copies. Standard library only.
   images.py dense-of PATH SRC           the data extents of SRC, back to back
   images.py blocks PATH SIZE            matrix workload: per 4 MiB a 2 MiB and a
                                         4 KiB random block, holes between
+  images.py chosen PATH SIZE BLOCK PCT SEED
+                                        vhd workload: PCT% of the BLOCK-sized
+                                        blocks hold random data, the blocks
+                                        drawn with random.Random(SEED) (so
+                                        spread over the disk, the same ones
+                                        every run), holes elsewhere
   images.py reset PATH SIZE [LIKE]      the destination state used by every
                                         arm (see state_text)
   images.py verify SRC DST              byte-for-byte comparison; holes read
@@ -112,6 +118,31 @@ def cmd_blocks(path, size):
     os.close(fd)
 
 
+def chosen_blocks(size, block, pct, seed):
+    """Indices of the data blocks of the vhd workload: pct% of the
+    block-sized blocks of size, drawn with a fixed seed, sorted."""
+    import random
+    count = size // block
+    n = int(round(count * pct / 100.0))
+    return sorted(random.Random(seed).sample(range(count), n))
+
+
+def cmd_chosen(path, size, block, pct, seed):
+    size, block = parse_size(size), parse_size(block)
+    pct, seed = float(pct), int(seed)
+    if size % block:
+        sys.exit("images.py: %d is not a multiple of the block %d"
+                 % (size, block))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.ftruncate(fd, size)
+    blocks = chosen_blocks(size, block, pct, seed)
+    for b in blocks:
+        write_random(fd, b * block, block)
+    os.close(fd)
+    print("%d of %d blocks of %d bytes hold data" % (len(blocks),
+                                                    size // block, block))
+
+
 def cmd_dense_of(path, src):
     sfd = os.open(src, os.O_RDONLY)
     size = os.fstat(sfd).st_size
@@ -205,7 +236,8 @@ def main(argv):
         sys.exit(__doc__)
     cmd, args = argv[1], argv[2:]
     table = {"random": (cmd_random, 2, 2), "sparse": (cmd_sparse, 4, 4),
-             "dense-of": (cmd_dense_of, 2, 2), "blocks": (cmd_blocks, 2, 2), "reset": (cmd_reset, 2, 3),
+             "dense-of": (cmd_dense_of, 2, 2), "blocks": (cmd_blocks, 2, 2),
+             "chosen": (cmd_chosen, 5, 5), "reset": (cmd_reset, 2, 3),
              "verify": (cmd_verify, 2, 2),
              "state": (lambda: print(STATE_TEXT), 0, 0),
              "bytes": (lambda v: print(parse_size(v)), 1, 1)}

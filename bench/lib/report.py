@@ -13,6 +13,7 @@ import statistics
 import sys
 
 import report_link
+import report_vhd
 
 COLS = ["section", "workload", "client", "server", "transport", "run",
         "status", "seconds", "bytes", "rss_kb", "user_s", "sys_s", "extra",
@@ -617,8 +618,14 @@ def main(argv):
     out.append("- Storage: source and destination are files on %s, so RAM "
                "backs both ends." % m.get("tmpfs", "tmpfs"))
     out.append("- Destination state: %s" % m.get("state", ""))
-    out.append("- Workloads: dense image %s; sparse image %s." % (
-        m.get("size", "?"), m.get("sparse", "?")))
+    secs = m.get("sections", "").split()
+    if set(secs) & {"servers", "clients", "reads"}:
+        out.append("- Workloads: dense image %s; sparse image %s." % (
+            m.get("size", "?"), m.get("sparse", "?")))
+    if "vhd" in secs:
+        out.append("- Section vhd: workload and checks in its section "
+                   "below (its reads are checked by a digest of the "
+                   "export, not byte for byte).")
     out.append("")
     section_servers(out, rows, meta)
     section_clients(out, rows, meta)
@@ -628,6 +635,7 @@ def main(argv):
     report_link.section_rtt(out, rows, meta, os.path.join(
         os.path.dirname(os.path.abspath(report)), "rtt.svg"))
     report_link.section_tls(out, rows, meta)
+    report_vhd.section_vhd(out, rows, meta)
     section_notes(out, rows)
     out.append("## Machine")
     out.append("")
