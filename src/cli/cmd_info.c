@@ -515,7 +515,7 @@ info_print_image(FILE *out, struct image *img, const char *target, bool json)
 {
   struct image_info in;
   char sz[32];
-  img->ops->info(img, &in);
+  img->ops->info(img, &in, true);
   size_format_exact(img->size, sz, sizeof sz);
   if (!json) {
     fprintf(out, "file: %s\n\tformat: %s\n\tdisk-type: %s\n", target,
@@ -583,6 +583,8 @@ info_file(const struct info_args *a)
 {
   struct target t;
   target_parse(a->target, false, &t);
+  if (t.kind != TARGET_FILE)
+    t.arg = a->target; /* "null:x", "memory:x", "-": a file of that name */
   struct image_opts io = {
     .format = t.format_given ? t.format : a->format,
     .format_given = t.format_given || a->format != IMAGE_FORMAT_AUTO,

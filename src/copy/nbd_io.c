@@ -24,23 +24,47 @@ struct nbd_io {
   int timeout_ms;
 };
 
+/* READs of [off, off + len) into buf, in pieces of the export's maximum;
+ * under n->lock. */
+static int
+nbd_io_read(struct nbd_io *n, uint8_t *buf, uint64_t len, uint64_t off)
+{
+  uint64_t max = client_max_payload(&n->c);
+  int r = 0;
+  while (len > 0 && r == 0) {
+    uint64_t piece = len < max ? len : max;
+    struct client_req q = { .type = NBD_CMD_READ, .offset = off,
+                            .length = piece, .buf = buf };
+    r = client_run(&n->c, &q, n->timeout_ms);
+    buf += piece;
+    off += piece;
+    len -= piece;
+  }
+  return r;
+}
+
 static int
 nbd_io_pread(struct image_io *io, void *buf, size_t len, uint64_t off)
 {
   struct nbd_io *n = io->priv;
   if (off > io->size || len > io->size - off)
     return -EIO;
-  uint64_t max = client_max_payload(&n->c);
-  int r = 0;
+  /* The format reads footers, headers and table entries at any byte; a
+   * server with a minimum block size takes only whole blocks, so those
+   * are read whole into a bounce buffer (the size is a multiple of the
+   * minimum: the handshake checked it). */
+  uint64_t mb = n->c.info.min_block > 1 ? n->c.info.min_block : 1;
+  uint64_t a = off / mb * mb, b = (off + len + mb - 1) / mb * mb;
+  int r;
   pthread_mutex_lock(&n->lock);
-  while (len > 0 && r == 0) {
-    size_t piece = len < max ? len : (size_t)max;
-    struct client_req q = { .type = NBD_CMD_READ, .offset = off,
-                            .length = piece, .buf = buf };
-    r = client_run(&n->c, &q, n->timeout_ms);
-    buf = (uint8_t *)buf + piece;
-    off += piece;
-    len -= piece;
+  if (a == off && b == off + len) {
+    r = nbd_io_read(n, buf, len, off);
+  } else {
+    uint8_t *bounce = malloc(b - a);
+    r = bounce ? nbd_io_read(n, bounce, b - a, a) : -ENOMEM;
+    if (r == 0)
+      memcpy(buf, bounce + (off - a), len);
+    free(bounce);
   }
   pthread_mutex_unlock(&n->lock);
   return r;
@@ -84,6 +108,16 @@ nbd_io_open(const char *spec, unsigned timeout_s, struct image_io **out,
                             .timeout_ms = client_handshake_ms(timeout_s),
                             .tls_creds = n->tls };
   r = client_connect(&n->c, &n->uri, &co);
+  if (r == 0 && n->c.info.min_block > 1 &&
+      n->c.info.size % n->c.info.min_block) {
+    uint64_t size = n->c.info.size;
+    uint32_t mb = n->c.info.min_block;
+    client_close(&n->c);
+    snprintf(n->c.errmsg, sizeof n->c.errmsg, "export size %llu is not a "
+             "multiple of its minimum block size %u",
+             (unsigned long long)size, mb);
+    r = -EINVAL;
+  }
   if (r < 0) {
     snprintf(err, errlen, "%s: %s", spec, n->c.errmsg);
     tls_creds_free(n->tls);

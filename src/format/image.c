@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "format/qcow2_write.h"
@@ -82,11 +83,12 @@ image_open(const char *path, const struct image_opts *o, struct image **out,
   } else if (o->format == IMAGE_FORMAT_QCOW2) {
     ops = &image_qcow2_ops;
   } else {
-    /* Only regular files are probed: a device or pipe is raw. */
-    uint64_t size;
-    if (file_size(fd, &size) == 0)
+    /* Only regular files are probed: a device or pipe is raw (an image
+     * on a device is read as one when its format is named). */
+    struct stat st;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode))
       ops = image_probe_ops(fd, &r);
-    if (r < 0 && r != -ESPIPE) {
+    if (r < 0) {
       snprintf(err, errlen, "reading %s: %s", path, strerror(-r));
       close(fd);
       return r;

@@ -103,7 +103,9 @@ struct image_ops {
    * of the range cannot be mapped without I/O or not at all. */
   int (*map)(struct image *img, uint64_t off, uint64_t len,
              struct image_map *m);
-  void (*info)(struct image *img, struct image_info *out);
+  /* allocation: count the bytes of data blocks too, which may read every
+   * table of the image (info does; serve and copy do not ask). */
+  void (*info)(struct image *img, struct image_info *out, bool allocation);
   void (*close)(struct image *img);
 };
 

@@ -45,6 +45,7 @@ struct qcow2_level {
   struct image_io *io;     /* owned: the top image's bytes, not a file */
   char *path;              /* owned */
   bool raw;                /* a raw backing file: no tables */
+  bool probed;             /* a backing file whose format was probed */
   struct qcow2_header h;
   uint64_t size;           /* virtual (raw: the file's size) */
   uint64_t file_size;
@@ -289,7 +290,7 @@ q_open_backing(struct qcow2_priv *p, int k, const struct q_names *nm,
   if (fmt_path_beside(child->path, nm->backing, path, sizeof path) < 0)
     return fmt_fail(err, errlen, -ENAMETOOLONG, "%s: backing file name too "
                   "long", child->path);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO */
   if (fd < 0)
     return fmt_fail(err, errlen, -errno,
                   "%s: backing file \"%s\" of %s: %s (looked for %s)",
@@ -310,10 +311,11 @@ q_open_backing(struct qcow2_priv *p, int k, const struct q_names *nm,
   if (strcmp(nm->backing_fmt, "raw") == 0) {
     b->raw = true;
   } else if (nm->backing_fmt[0] == '\0') {
-    /* No backing format: probed, as qemu does; the user named the top
-     * image's format, so the chain is trusted that far. */
+    /* No backing format: probed, as qemu does. A probed image never opens
+     * a backing file of its own (q_open checks). */
     uint8_t m[4];
     b->raw = file_pread_exact(fd, m, 4, 0) < 0 || !q_probe(m, 4, NULL, 0);
+    b->probed = true;
   } else if (strcmp(nm->backing_fmt, "qcow2") != 0) {
     return fmt_fail(err, errlen, -ENOTSUP,
                   "%s: backing file %s is in format \"%s\": only qcow2 and "
@@ -359,6 +361,16 @@ q_open(struct image *img, int fd, struct image_io *io,
                  "is not one", img->path, nm[k % 2].backing);
       break;
     }
+    if (p->lv[k].probed) {
+      r = fmt_fail(err, errlen, -EPERM,
+                   "%s: backing file %s names a backing file \"%s\" of its "
+                   "own, but its format was probed (%s names no backing "
+                   "format), and a probed image never opens its backing "
+                   "file: record the formats (qemu-img rebase -u -F)",
+                   img->path, p->lv[k].path, nm[k % 2].backing,
+                   p->lv[k - 1].path);
+      break;
+    }
     if (!o->format_given) {
       r = fmt_fail(err, errlen, -EPERM,
                  "%s: a qcow2 image whose backing file is \"%s\"; a probed "
@@ -386,7 +398,7 @@ q_close(struct image *img)
   if (p == NULL)
     return;
   for (int i = 0; i < QCOW2_MAX_DEPTH; i++)
-    if (p->lv[i].fd >= 0 || p->lv[i].path)
+    if (p->lv[i].fd >= 0 || p->lv[i].path || p->lv[i].io)
       q_close_level(&p->lv[i]);
   free(p);
   img->priv = NULL;
@@ -870,8 +882,66 @@ q_map(struct image *img, uint64_t off, uint64_t len, struct image_map *m)
   return 0;
 }
 
+static int
+q_cmp_u64(const void *a, const void *b)
+{
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Data clusters of one L2 table (normal ones holding data, compressed). */
+static uint64_t
+q_count_table(struct qcow2_level *l, const uint8_t *t)
+{
+  uint64_t n = 0;
+  char why[8];
+  for (uint64_t j = 0; j < l->l2_entries; j++) {
+    struct qcow2_cluster c;
+    const uint8_t *e = t + j * l->entry_len;
+    if (qcow2_l2_decode(&l->h, qcow2_get64(e),
+                        l->entry_len == 16 ? qcow2_get64(e + 8) : 0, &c, why,
+                        sizeof why) == 0 &&
+        (c.kind == QCOW2_COMPRESSED ||
+         (c.kind == QCOW2_NORMAL && (l->entry_len == 8 || c.sub_alloc))))
+      n++;
+  }
+  return n;
+}
+
+/* Bytes of the data clusters the top image holds. Only the L1 entries
+ * that the size needs count, and each L2 table is read once however many
+ * entries name it, so the work is bounded by the file, not by what its
+ * header claims. */
+static uint64_t
+q_allocated(struct qcow2_level *l)
+{
+  uint64_t need = (l->size + (l->cluster * l->l2_entries) - 1) /
+                  (l->cluster * l->l2_entries);
+  if (need > l->h.l1_entries)
+    need = l->h.l1_entries;
+  uint64_t *offs = malloc((need ? need : 1) * sizeof *offs);
+  uint8_t *t = malloc(l->cluster);
+  uint64_t n = 0, total = 0;
+  if (offs == NULL || t == NULL)
+    goto out;
+  for (uint64_t i = 0; i < need; i++)
+    if (l->l1[i])
+      offs[n++] = l->l1[i];
+  qsort(offs, n, sizeof *offs, q_cmp_u64);
+  for (uint64_t i = 0, k; i < n; i = k) {
+    for (k = i + 1; k < n && offs[k] == offs[i]; k++)
+      ;
+    if (lv_read(l, t, l->cluster, offs[i]) == 0)
+      total += q_count_table(l, t) * (k - i) * l->cluster;
+  }
+out:
+  free(offs);
+  free(t);
+  return total;
+}
+
 static void
-q_info(struct image *img, struct image_info *out)
+q_info(struct image *img, struct image_info *out, bool allocation)
 {
   struct qcow2_priv *p = img->priv;
   struct qcow2_level *l = &p->lv[0];
@@ -879,34 +949,11 @@ q_info(struct image *img, struct image_info *out)
     .format = "qcow2",
     .disk_type = l->h.version >= 3 ? "version 3" : "version 2",
     .block_size = (uint32_t)l->cluster,
-    .allocated = 0,
+    .allocated = allocation ? q_allocated(l) : 0,
     .parents = p->parents,
     .nparents = p->depth - 1,
     .in_memory = true,
   };
-  /* Allocated: the L2 tables' data clusters, counted on demand. */
-  char why[8];
-  for (uint32_t i = 0; i < l->h.l1_entries; i++) {
-    if (l->l1[i] == 0)
-      continue;
-    uint8_t *t = malloc(l->cluster);
-    if (t == NULL || lv_read(l, t, l->cluster, l->l1[i]) < 0) {
-      free(t);
-      continue;
-    }
-    for (uint64_t j = 0; j < l->l2_entries; j++) {
-      struct qcow2_cluster c;
-      const uint8_t *e = t + j * l->entry_len;
-      if (qcow2_l2_decode(&l->h, qcow2_get64(e),
-                          l->entry_len == 16 ? qcow2_get64(e + 8) : 0, &c,
-                          why, sizeof why) == 0 &&
-          (c.kind == QCOW2_COMPRESSED ||
-           (c.kind == QCOW2_NORMAL &&
-            (l->entry_len == 8 || c.sub_alloc != 0))))
-        out->allocated += l->cluster; /* a cluster holding some data */
-    }
-    free(t);
-  }
   for (int k = 0; k < p->depth; k++) {
     bool sw = false;
     out->in_memory = out->in_memory && p->lv[k].fd >= 0 &&

@@ -24,6 +24,9 @@
 #define QW_L2_ENTRIES (QW_CLUSTER / 8)
 #define QW_REFS_PER_BLOCK (QW_CLUSTER / 2) /* 16-bit refcounts */
 #define QW_HEADER_LEN 112u
+/* The L1 table holds at most QCOW2_MAX_L1_ENTRIES (qemu's limit too), each
+ * covering QW_L2_ENTRIES clusters: 2 PiB in 64 KiB clusters. */
+#define QW_MAX_SIZE ((uint64_t)QCOW2_MAX_L1_ENTRIES * QW_L2_ENTRIES * QW_CLUSTER)
 
 struct qcow2_writer {
   int fd;                 /* borrowed: the current put's */
@@ -54,6 +57,24 @@ qw_div_up(uint64_t a, uint64_t b)
   return a / b + (a % b != 0);
 }
 
+/* Allocated clusters under L1 entry i, a byte of the map at a time (a
+ * table's clusters start on a byte: QW_L2_ENTRIES is a multiple of 8). */
+static uint64_t
+qw_table_count(const struct qcow2_writer *w, uint64_t i)
+{
+  uint64_t first = i * QW_L2_ENTRIES;
+  uint64_t end = first + QW_L2_ENTRIES < w->nclusters ? first + QW_L2_ENTRIES
+                                                      : w->nclusters;
+  if (w->alloc == NULL)
+    return end - first;
+  uint64_t n = 0, c = first;
+  for (; c + 8 <= end; c += 8)
+    n += (uint64_t)__builtin_popcount(w->alloc[c / 8]);
+  for (; c < end; c++)
+    n += qw_allocated(w, c);
+  return n;
+}
+
 /* Counts the tables and settles how many refcount clusters the file
  * needs, which counts them too. */
 static void
@@ -64,10 +85,7 @@ qw_plan(struct qcow2_writer *w)
     w->l1_entries = 1;
   w->l1_clusters = qw_div_up(w->l1_entries * 8, QW_CLUSTER);
   for (uint64_t i = 0; i < w->l1_entries; i++) {
-    uint64_t first = i * QW_L2_ENTRIES, n = 0;
-    for (uint64_t c = first; c < first + QW_L2_ENTRIES && c < w->nclusters;
-         c++)
-      n += qw_allocated(w, c);
+    uint64_t n = qw_table_count(w, i);
     w->data_clusters += n;
     w->l2_tables += n > 0;
   }
@@ -92,10 +110,10 @@ int
 qcow2_writer_new(uint64_t size, const uint8_t *alloc,
                  struct qcow2_writer **out, char *err, size_t errlen)
 {
-  if (size > QCOW2_MAX_SIZE)
+  if (size > QW_MAX_SIZE)
     return fmt_fail(err, errlen, -EFBIG,
-                   "a disk of %llu bytes is larger than the qcow2 images "
-                   "we write (2^55 bytes)", (unsigned long long)size);
+                    "a disk of %llu bytes is larger than a qcow2 of 64 KiB "
+                    "clusters holds (2 PiB)", (unsigned long long)size);
   struct qcow2_writer *w = calloc(1, sizeof *w);
   if (w == NULL)
     return fmt_fail(err, errlen, -ENOMEM, "out of memory");
@@ -162,12 +180,7 @@ qw_l1(struct qcow2_writer *w)
   for (uint64_t c = 0; c < w->l1_clusters; c++) {
     memset(w->table, 0, QW_CLUSTER);
     for (uint64_t j = 0; j < QW_L2_ENTRIES && i < w->l1_entries; j++, i++) {
-      uint64_t first = i * QW_L2_ENTRIES;
-      bool any = false;
-      for (uint64_t g = first;
-           g < first + QW_L2_ENTRIES && g < w->nclusters && !any; g++)
-        any = qw_allocated(w, g);
-      if (any)
+      if (qw_table_count(w, i) > 0)
         qcow2_put64(w->table + 8 * j,
                     (l2++ * QW_CLUSTER) | QCOW2_OFLAG_COPIED);
     }

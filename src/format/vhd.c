@@ -351,7 +351,7 @@ vhd_open_parent(struct vhd_priv *p, int k, const struct image_opts *o,
                            "%s%s", tl ? ", " : "", cand);
     if (tl >= sizeof tried)
       tl = sizeof tried - 1;
-    int fd = open(cand, O_RDONLY | O_CLOEXEC);
+    int fd = open(cand, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO */
     if (fd < 0)
       continue;
     struct stat st;
@@ -452,7 +452,7 @@ vhd_close(struct image *img)
   if (p == NULL)
     return;
   for (int i = 0; i < VHD_MAX_DEPTH; i++)
-    if (p->lv[i].fd >= 0 || p->lv[i].path)
+    if (p->lv[i].fd >= 0 || p->lv[i].path || p->lv[i].io)
       vhd_close_level(&p->lv[i]);
   free(p);
   img->priv = NULL;
@@ -750,8 +750,9 @@ vhd_map(struct image *img, uint64_t off, uint64_t len, struct image_map *m)
 }
 
 static void
-vhd_info(struct image *img, struct image_info *out)
+vhd_info(struct image *img, struct image_info *out, bool allocation)
 {
+  (void)allocation; /* counted at open: the BAT is in memory */
   struct vhd_priv *p = img->priv;
   const struct vhd_level *l = &p->lv[0];
   *out = (struct image_info){

@@ -61,7 +61,10 @@ vhd_writer_new(uint64_t size, uint32_t block, const uint8_t *alloc,
   w->end = size;
   w->size = (size + VHD_SECTOR - 1) / VHD_SECTOR * VHD_SECTOR;
   w->block = block;
+  /* At least one entry: a header with none is not a VHD to any reader. */
   w->nblocks = (uint32_t)((w->size + block - 1) / block);
+  if (w->nblocks == 0)
+    w->nblocks = 1;
   w->bitmap_len = vhd_bitmap_len(block);
   w->bitmap = calloc(1, w->bitmap_len);
   size_t abytes = (size_t)w->nblocks / 8 + 1;

@@ -127,7 +127,7 @@ backend_image_open(struct export *e, struct image *img)
    * its pages (req_from_file), as a raw file's do. Read-only, so swap
    * only decides where its READs come from. */
   struct image_info in;
-  img->ops->info(img, &in);
+  img->ops->info(img, &in, false);
   if (in.in_memory && img->ops->map) {
     e->swappable = in.swappable;
     e->write_in_memory = !in.swappable || export_swap_active() == 0;

@@ -206,7 +206,8 @@ image "depth 3" "$TMP/c/top.qcow2" 3 65536 "$TMP/b/mid.qcow2" "$TMP/a/base.qcow2
 probed_refused "depth 3" "$TMP/c/top.qcow2" ../b/mid.qcow2
 
 # a/base.raw <- b/rmid.qcow2 (raw named) <- c/rtop.qcow2 (no backing
-# format: mid is probed, a qcow2, whose own backing format says raw).
+# format: mid is probed, a qcow2; a probed image never opens a backing
+# file of its own, so the chain is refused until the format is recorded).
 cp --sparse=always "$TMP/src.raw" "$TMP/a/base.raw"
 qemu-img create -q -f qcow2 -o cluster_size=16k -b ../a/base.raw -F raw "$TMP/b/rmid.qcow2" 8M
 qio "$TMP/b/rmid.qcow2" "write -P 0x81 $((M)) $((2 * M))" "write -z $((5 * M + 16 * K)) $((32 * K))"
@@ -214,6 +215,12 @@ qemu-img create -q -f qcow2 -b ../b/rmid.qcow2 -F qcow2 "$TMP/c/rtop.qcow2" 8M
 qpatch "$TMP/c/rtop.qcow2" drop-backing-format
 qio "$TMP/c/rtop.qcow2" "write -P 0x82 $((2 * M)) $((64 * K))" \
     "write -z $((M)) $((64 * K))" "write -P 0x83 $((4 * M + 64 * K)) $((64 * K))"
+refused "depth 3 over raw: a probed middle" copy --src-format qcow2 \
+    "$TMP/c/rtop.qcow2" "$TMP/r.out"
+err_names rmid.qcow2
+err_says 'probed'
+err_says 'base\.raw'
+qemu-img rebase -u -b ../b/rmid.qcow2 -F qcow2 "$TMP/c/rtop.qcow2"
 image "depth 3 over raw" "$TMP/c/rtop.qcow2" 3 65536 "$TMP/b/rmid.qcow2" "$TMP/a/base.raw"
 refused "depth 3 over raw: probed copy" copy "$TMP/c/rtop.qcow2" "$TMP/r.out"
 err_names ../b/rmid.qcow2

@@ -1,0 +1,63 @@
+#!/bin/bash
+# image-edges.sh: edges of the format layer that an outside review found.
+# - An image held by an NBD server that takes only whole 4 KiB blocks is
+#   still read (the format's small reads go through a bounce buffer).
+# - An empty disk written as a VHD or qcow2 reads back through our reader.
+# - "null:NAME" given to info names a file of that name, not NAME.
+# - A block device is never probed: only a named format reads one as an
+#   image (checked where a loop device can be had).
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+need nbdkit
+need qemu-img qemu-utils
+tmpdir_make
+
+make_sparse "$TMP/src.raw" 8 "0:1 5:2"
+qemu-img convert -q -f raw -O qcow2 "$TMP/src.raw" "$TMP/img.qcow2"
+[ $(( $(stat -c %s "$TMP/img.qcow2") % 4096 )) = 0 ] ||
+    fail "qemu-img wrote a qcow2 that is not whole 4 KiB blocks"
+kit "$TMP/kit.sock" --filter=blocksize-policy file "$TMP/img.qcow2" \
+    blocksize-minimum=4096 blocksize-preferred=4096 \
+    blocksize-error-policy=error
+u=$(uri "$TMP/kit.sock")
+"$NBDFLOW" copy --src-format qcow2 "$u" "$TMP/out.raw" ||
+    fail "copy of a qcow2 from a server of 4 KiB blocks failed"
+same "$TMP/out.raw" "$TMP/src.raw"
+"$NBDFLOW" info -f qcow2 "$u" >"$TMP/info" || fail "info -f qcow2 failed"
+grep -q "format: qcow2" "$TMP/info" || fail "info: $(cat "$TMP/info")"
+note "ok: an image read from a server of 4 KiB blocks"
+
+: >"$TMP/empty.raw"
+for f in vhd qcow2; do
+    "$NBDFLOW" copy "$TMP/empty.raw" "$TMP/empty.$f" --dst-format $f ||
+        fail "empty disk to $f failed"
+    "$NBDFLOW" info -f $f "$TMP/empty.$f" >"$TMP/info" ||
+        fail "our reader refuses the empty $f we wrote"
+    grep -q "export-size: 0" "$TMP/info" || fail "empty $f: $(cat "$TMP/info")"
+    [ "$(qemu-img info --output=json "$TMP/empty.$f" |
+         sed -n 's/.*"virtual-size": \([0-9]*\).*/\1/p')" = 0 ] ||
+        fail "qemu-img sees a non-empty $f"
+done
+note "ok: empty disks written and read back"
+
+echo data >"$TMP/foo"
+rc=0
+(cd "$TMP" && "$NBDFLOW" info null:foo) >"$TMP/info" 2>"$TMP/err" || rc=$?
+[ "$rc" != 0 ] || fail "info null:foo read the file foo: $(cat "$TMP/info")"
+grep -q "null:foo" "$TMP/err" || fail "info null:foo: $(cat "$TMP/err")"
+note "ok: info null:foo looks for a file of that name"
+
+if [ "$(id -u)" = 0 ] && command -v losetup >/dev/null &&
+   dev=$(losetup --find --show "$TMP/img.qcow2" 2>/dev/null); then
+    on_exit "losetup -d $dev"
+    "$NBDFLOW" info --json "$dev" >"$TMP/info" || fail "info of $dev"
+    grep -q '"format": "raw"' "$TMP/info" ||
+        fail "a block device holding a qcow2 was probed: $(cat "$TMP/info")"
+    "$NBDFLOW" copy "qcow2:$dev" "$TMP/dev.raw" ||
+        fail "copy of qcow2:$dev failed"
+    same "$TMP/dev.raw" "$TMP/src.raw"
+    note "ok: a device is raw unless its format is named"
+else
+    note "no loop device here: the device case is not checked"
+fi
+echo "PASS"
