@@ -9,12 +9,16 @@ known state, and verify copies. Standard library only.
   images.py dense-of PATH SRC           the data extents of SRC, back to back
   images.py blocks PATH SIZE            matrix workload: per 4 MiB a 2 MiB and a
                                         4 KiB random block, holes between
-  images.py chosen PATH SIZE BLOCK PCT SEED
-                                        vhd workload: PCT% of the BLOCK-sized
-                                        blocks hold random data, the blocks
-                                        drawn with random.Random(SEED) (so
-                                        spread over the disk, the same ones
-                                        every run), holes elsewhere
+  images.py chosen PATH SIZE BLOCK PCT SEED [FILL]
+                                        vhd and qcow2 workload: PCT% of the
+                                        BLOCK-sized blocks hold data, the
+                                        blocks drawn with random.Random(SEED)
+                                        (so spread over the disk, the same
+                                        ones every run), holes elsewhere;
+                                        FILL random (default) or nibbles:
+                                        random 4-bit values, one a byte
+                                        (deflate halves it; qcow2 -c stores
+                                        random data uncompressed)
   images.py reset PATH SIZE [LIKE]      the destination state used by every
                                         arm (see state_text)
   images.py verify SRC DST              byte-for-byte comparison; holes read
@@ -72,11 +76,15 @@ def data_extents(fd, size):
     return out
 
 
-def write_random(fd, offset, length):
+NIBBLES = bytes((i & 15) * 17 for i in range(256))
+
+
+def write_random(fd, offset, length, table=None):
     done = 0
     while done < length:
         n = min(CHUNK, length - done)
-        os.pwrite(fd, os.urandom(n), offset + done)
+        buf = os.urandom(n)
+        os.pwrite(fd, buf.translate(table) if table else buf, offset + done)
         done += n
 
 
@@ -127,7 +135,10 @@ def chosen_blocks(size, block, pct, seed):
     return sorted(random.Random(seed).sample(range(count), n))
 
 
-def cmd_chosen(path, size, block, pct, seed):
+def cmd_chosen(path, size, block, pct, seed, fill="random"):
+    if fill not in ("random", "nibbles"):
+        sys.exit("images.py: FILL is random or nibbles, not %s" % fill)
+    table = NIBBLES if fill == "nibbles" else None
     size, block = parse_size(size), parse_size(block)
     pct, seed = float(pct), int(seed)
     if size % block:
@@ -137,7 +148,7 @@ def cmd_chosen(path, size, block, pct, seed):
     os.ftruncate(fd, size)
     blocks = chosen_blocks(size, block, pct, seed)
     for b in blocks:
-        write_random(fd, b * block, block)
+        write_random(fd, b * block, block, table)
     os.close(fd)
     print("%d of %d blocks of %d bytes hold data" % (len(blocks),
                                                     size // block, block))
@@ -237,7 +248,7 @@ def main(argv):
     cmd, args = argv[1], argv[2:]
     table = {"random": (cmd_random, 2, 2), "sparse": (cmd_sparse, 4, 4),
              "dense-of": (cmd_dense_of, 2, 2), "blocks": (cmd_blocks, 2, 2),
-             "chosen": (cmd_chosen, 5, 5), "reset": (cmd_reset, 2, 3),
+             "chosen": (cmd_chosen, 5, 6), "reset": (cmd_reset, 2, 3),
              "verify": (cmd_verify, 2, 2),
              "state": (lambda: print(STATE_TEXT), 0, 0),
              "bytes": (lambda v: print(parse_size(v)), 1, 1)}

@@ -13,6 +13,7 @@ import statistics
 import sys
 
 import report_link
+import report_qcow2
 import report_vhd
 
 COLS = ["section", "workload", "client", "server", "transport", "run",
@@ -626,6 +627,9 @@ def main(argv):
         out.append("- Section vhd: workload and checks in its section "
                    "below (its reads are checked by a digest of the "
                    "export, not byte for byte).")
+    if "qcow2" in secs:
+        out.append("- Section qcow2: workload and checks in its section "
+                   "below.")
     out.append("")
     section_servers(out, rows, meta)
     section_clients(out, rows, meta)
@@ -636,6 +640,7 @@ def main(argv):
         os.path.dirname(os.path.abspath(report)), "rtt.svg"))
     report_link.section_tls(out, rows, meta)
     report_vhd.section_vhd(out, rows, meta)
+    report_qcow2.section_qcow2(out, rows, meta)
     section_notes(out, rows)
     out.append("## Machine")
     out.append("")

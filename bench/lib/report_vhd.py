@@ -84,18 +84,46 @@ def _per_run(a, b, fn):
 
 
 def _ratio_row(out, name, a, b, fn, goal, higher):
+    """A row: median of fn over a / over b, the per-run range, and whether
+    it meets goal (none: "-")."""
     ma, mb = _med([fn(r) for r in _ok(a)]), _med([fn(r) for r in _ok(b)])
+    g = "-" if goal is None else (
+        ("at least %.1fx" if higher else "at most %.1fx") % goal)
     if not ma or not mb:
-        out.append("| %s | - | - | %s | - |" % (
-            name, ("at least %.1fx" if higher else "at most %.1fx") % goal))
+        out.append("| %s | - | - | %s | - |" % (name, g))
         return
     ratio = ma / mb
     pr = _per_run(a, b, fn)
-    met = ratio >= goal if higher else ratio <= goal
+    met = "-" if goal is None else (
+        "yes" if (ratio >= goal if higher else ratio <= goal) else "**no**")
     out.append("| %s | %.2fx | %s | %s | %s |" % (
-        name, ratio, "%.2f-%.2f" % (min(pr), max(pr)) if pr else "-",
-        ("at least %.1fx" if higher else "at most %.1fx") % goal,
-        "yes" if met else "**no**"))
+        name, ratio, "%.2f-%.2f" % (min(pr), max(pr)) if pr else "-", g,
+        met))
+
+
+WRITE_HEAD = ("| client | MiB/s median (min-max) | seconds median "
+              "(min-max) | client CPU s | client CPU s/GiB | server CPU s "
+              "| server CPU s/GiB | peak RSS MiB |")
+
+
+def write_row(cmd, a, ccpu=_ccpu):
+    """One row under WRITE_HEAD for the rows a of one arm; ccpu gives a
+    row's client CPU seconds."""
+    ok = _ok(a)
+    nf = len(a) - len(ok)
+    cell = _rng([_mibs(r) for r in ok]) if ok else "failed"
+    if nf:
+        cell += " +%d failed" % nf
+    return "| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        cmd, cell, _rng([_secs(r) for r in ok], 3),
+        _f(_med([ccpu(r) for r in ok]), 2),
+        _f(_med([ccpu(r) / _gib(r) for r in ok
+                 if ccpu(r) is not None]), 3),
+        _f(_med([_num(r, "srv_cpu_s") for r in ok]), 2),
+        _f(_med([_num(r, "srv_cpu_s") / _gib(r) for r in ok
+                 if _num(r, "srv_cpu_s") is not None]), 3),
+        _f(_med([int(r["rss_kb"]) / 1024.0 for r in ok
+                 if r["rss_kb"]]), 1))
 
 
 def section_vhd(out, rows, meta):
@@ -126,31 +154,14 @@ def section_vhd(out, rows, meta):
                "two writes, holes written as zeros, so it sends the whole "
                "virtual size.")
     out.append("")
-    out.append("| client | MiB/s median (min-max) | seconds median "
-               "(min-max) | client CPU s | client CPU s/GiB | server CPU s "
-               "| server CPU s/GiB | peak RSS MiB |")
+    out.append(WRITE_HEAD)
     out.append("|---|---|---|---|---|---|---|---|")
     w = {}
     for key, cmd in WRITE_ARMS:
         a = _arm(rows, "write", key, "client")
         w[key] = a
-        if not a:
-            continue
-        ok = _ok(a)
-        nf = len(a) - len(ok)
-        cell = _rng([_mibs(r) for r in ok]) if ok else "failed"
-        if nf:
-            cell += " +%d failed" % nf
-        out.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            cmd, cell, _rng([_secs(r) for r in ok], 3),
-            _f(_med([_ccpu(r) for r in ok]), 2),
-            _f(_med([_ccpu(r) / _gib(r) for r in ok
-                     if _ccpu(r) is not None]), 3),
-            _f(_med([_num(r, "srv_cpu_s") for r in ok]), 2),
-            _f(_med([_num(r, "srv_cpu_s") / _gib(r) for r in ok
-                     if _num(r, "srv_cpu_s") is not None]), 3),
-            _f(_med([int(r["rss_kb"]) / 1024.0 for r in ok
-                     if r["rss_kb"]]), 1)))
+        if a:
+            out.append(write_row(cmd, a))
     out.append("")
     out.append("| ratio (MiB/s, medians) | ratio | per-run range | goal "
                "| met |")
