@@ -1448,8 +1448,11 @@ copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
     sigaction(SIGTERM, &sa, NULL);
   loop_set_tick(env->loop, 200, eng_tick, e);
   eng_pump(e);
-  if (!e->finished)
-    r = loop_run(env->loop);
+  /* Run the loop even when the copy already finished (an empty source):
+   * finishing stopped it, and that stop must be spent here, or the next
+   * run of the loop (a copy after the walk of its source) would return at
+   * once with its requests still in flight. */
+  r = loop_run(env->loop);
   loop_set_tick(env->loop, 0, NULL, NULL);
   sigaction(SIGINT, &old_int, NULL);
   sigaction(SIGTERM, &old_term, NULL);
