@@ -8,6 +8,8 @@
  * count comes from a field that was not range-checked first. */
 #include "qcow2_layout.h"
 
+#include "format/common.h"
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -56,18 +58,6 @@
  * size, and host offsets past bit 55 must be 0 (qcow2.rst). */
 #define COMPRESSED_SECTOR 512u
 #define HOST_OFFSET_LIMIT (UINT64_C(1) << 56)
-
-static int __attribute__((format(printf, 3, 4)))
-fail(char *err, size_t errlen, const char *fmt, ...)
-{
-  if (err != NULL && errlen > 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return -EINVAL;
-}
 
 static bool
 cluster_bits_ok(uint32_t bits)
@@ -228,11 +218,11 @@ check_incompat(const uint8_t *p, size_t len, const struct qcow2_header *h,
   struct feature_query q = { .bit = (uint32_t)lowest_bit(unknown) };
   uint64_t bad;
   if (ext_walk(p, len, h, ext_feature_name, &q, &bad) == 1)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 image uses unknown incompatible feature bit %u "
                 "(\"%s\"; incompatible features 0x%llx)",
                 q.bit, q.name, (unsigned long long)h->incompat);
-  return fail(err, errlen,
+  return fmt_fail(err, errlen, -EINVAL,
               "qcow2 image uses unknown incompatible feature bit %u "
               "(incompatible features 0x%llx)",
               q.bit, (unsigned long long)h->incompat);
@@ -265,7 +255,7 @@ decode_v3_fields(const uint8_t *p, size_t len, struct qcow2_header *h,
                  char *err, size_t errlen)
 {
   if (len < QCOW2_V3_HEADER_LEN)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 version 3 header needs %u bytes, only %zu given",
                 QCOW2_V3_HEADER_LEN, len);
   h->incompat = wire_get64(p + HEADER_INCOMPATIBLE_FEATURES);
@@ -274,21 +264,21 @@ decode_v3_fields(const uint8_t *p, size_t len, struct qcow2_header *h,
   h->refcount_order = wire_get32(p + HEADER_REFCOUNT_ORDER);
   h->header_len = wire_get32(p + HEADER_HEADER_LENGTH);
   if (h->header_len < QCOW2_V3_HEADER_LEN)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 version 3 header length %u is shorter than %u",
                 h->header_len, QCOW2_V3_HEADER_LEN);
   if (h->header_len % 8 != 0)
-    return fail(err, errlen, "qcow2 header length %u is not a multiple of 8",
+    return fmt_fail(err, errlen, -EINVAL, "qcow2 header length %u is not a multiple of 8",
                 h->header_len);
   if (h->header_len > qcow2_cluster_size(h))
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 header length %u exceeds the cluster size %u",
                 h->header_len, qcow2_cluster_size(h));
   /* Older images stop at 104 bytes: deflate, the only type then. The
    * fields past it that this code does not know need not be given. */
   if (h->header_len > HEADER_COMPRESSION_TYPE) {
     if (len <= HEADER_COMPRESSION_TYPE)
-      return fail(err, errlen,
+      return fmt_fail(err, errlen, -EINVAL,
                   "qcow2 header of %u bytes has its compression type at "
                   "byte 104, past the %zu bytes given",
                   h->header_len, len);
@@ -304,12 +294,12 @@ check_features(const struct qcow2_header *h, char *err, size_t errlen)
   bool zstd_bit = (h->incompat & QCOW2_INCOMPAT_COMPRESSION) != 0;
   if (h->compression != QCOW2_COMPRESSION_DEFLATE &&
       h->compression != QCOW2_COMPRESSION_ZSTD)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 compression type %u is neither 0 (deflate) nor 1 "
                 "(zstd)",
                 h->compression);
   if (zstd_bit != (h->compression != QCOW2_COMPRESSION_DEFLATE))
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 compression type %u %s the compression type "
                 "incompatible bit 3, which is %s",
                 h->compression,
@@ -317,12 +307,12 @@ check_features(const struct qcow2_header *h, char *err, size_t errlen)
                                                             : "needs",
                 zstd_bit ? "set" : "clear");
   if (has_extl2(h) && h->cluster_bits < EXTL2_MIN_CLUSTER_BITS)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 extended L2 entries need clusters of at least %u "
                 "bytes, not %u",
                 UINT32_C(1) << EXTL2_MIN_CLUSTER_BITS, qcow2_cluster_size(h));
   if (h->refcount_order > MAX_REFCOUNT_ORDER)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 refcount order %u is above %u (64-bit refcounts)",
                 h->refcount_order, MAX_REFCOUNT_ORDER);
   return 0;
@@ -337,11 +327,11 @@ check_backing_name(const struct qcow2_header *h, char *err, size_t errlen)
   if (h->backing_offset == 0)
     return 0;
   if (h->backing_len > QCOW2_MAX_BACKING_NAME)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 backing file name of %u bytes is longer than %u",
                 h->backing_len, QCOW2_MAX_BACKING_NAME);
   if (h->backing_offset > cs || h->backing_len > cs - h->backing_offset)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 backing file name at byte %llu, %u bytes long, ends "
                 "past the first cluster of %u bytes",
                 (unsigned long long)h->backing_offset, h->backing_len, cs);
@@ -362,19 +352,19 @@ qcow2_header_decode(const uint8_t *p, size_t len, struct qcow2_header *h,
   int r;
   memset(h, 0, sizeof *h);
   if (len < 4)
-    return fail(err, errlen, "%zu bytes are too few for a qcow2 header", len);
+    return fmt_fail(err, errlen, -EINVAL, "%zu bytes are too few for a qcow2 header", len);
   if (wire_get32(p + HEADER_MAGIC) != QCOW2_MAGIC)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "magic 0x%08x is not qcow2's 0x%08x (\"QFI\\xfb\")",
                 wire_get32(p + HEADER_MAGIC), QCOW2_MAGIC);
   if (len < QCOW2_V2_HEADER_LEN)
-    return fail(err, errlen, "qcow2 header needs %u bytes, only %zu given",
+    return fmt_fail(err, errlen, -EINVAL, "qcow2 header needs %u bytes, only %zu given",
                 QCOW2_V2_HEADER_LEN, len);
   decode_v2_fields(p, h);
   if (h->version != 2 && h->version != 3)
-    return fail(err, errlen, "qcow2 version %u is not 2 or 3", h->version);
+    return fmt_fail(err, errlen, -EINVAL, "qcow2 version %u is not 2 or 3", h->version);
   if (!cluster_bits_ok(h->cluster_bits))
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 cluster bits %u are outside %u to %u (512 bytes to "
                 "2 MiB)",
                 h->cluster_bits, QCOW2_MIN_CLUSTER_BITS,
@@ -399,7 +389,7 @@ qcow2_header_decode(const uint8_t *p, size_t len, struct qcow2_header *h,
     return r;
   uint64_t bad;
   if (ext_walk(p, len, h, ext_ignore, NULL, &bad) < 0)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 header extension at byte %llu runs past byte %llu, "
                 "the end of the header area",
                 (unsigned long long)bad, (unsigned long long)ext_end(h));
@@ -459,31 +449,31 @@ qcow2_check_layout(const struct qcow2_header *h, uint64_t file_size,
 {
   /* Checked by the decoder; again here, as shifts depend on it. */
   if (!cluster_bits_ok(h->cluster_bits))
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 cluster bits %u are outside %u to %u (512 bytes to "
                 "2 MiB)",
                 h->cluster_bits, QCOW2_MIN_CLUSTER_BITS,
                 QCOW2_MAX_CLUSTER_BITS);
   uint32_t cs = qcow2_cluster_size(h);
   if (h->size > QCOW2_MAX_SIZE)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 virtual size %llu is larger than the %llu bytes "
                 "supported",
                 (unsigned long long)h->size,
                 (unsigned long long)QCOW2_MAX_SIZE);
   if (h->l1_entries > QCOW2_MAX_L1_ENTRIES)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 L1 table of %u entries is larger than the %u "
                 "supported",
                 h->l1_entries, QCOW2_MAX_L1_ENTRIES);
   if (h->l1_offset % cs != 0)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 L1 table offset %llu is not a multiple of the "
                 "cluster size %u",
                 (unsigned long long)h->l1_offset, cs);
   uint64_t need = l1_needed(h);
   if (need > h->l1_entries)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 L1 table of %u entries is too small for the virtual "
                 "size %llu, which needs %llu",
                 h->l1_entries, (unsigned long long)h->size,
@@ -492,7 +482,7 @@ qcow2_check_layout(const struct qcow2_header *h, uint64_t file_size,
   uint64_t l1_bytes = (uint64_t)h->l1_entries * 8;
   if (l1_bytes != 0 &&
       (h->l1_offset > file_size || l1_bytes > file_size - h->l1_offset))
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 L1 table at byte %llu, %llu bytes long, ends past the "
                 "end of the %llu-byte file",
                 (unsigned long long)h->l1_offset,
@@ -500,20 +490,20 @@ qcow2_check_layout(const struct qcow2_header *h, uint64_t file_size,
   if (h->backing_offset != 0) {
     if (h->backing_len > QCOW2_MAX_BACKING_NAME ||
         h->backing_offset > cs || h->backing_len > cs - h->backing_offset)
-      return fail(err, errlen,
+      return fmt_fail(err, errlen, -EINVAL,
                   "qcow2 backing file name at byte %llu, %u bytes long, is "
                   "not within the first cluster of %u bytes",
                   (unsigned long long)h->backing_offset, h->backing_len, cs);
     if (h->backing_offset > file_size ||
         h->backing_len > file_size - h->backing_offset)
-      return fail(err, errlen,
+      return fmt_fail(err, errlen, -EINVAL,
                   "qcow2 backing file name at byte %llu, %u bytes long, "
                   "ends past the end of the %llu-byte file",
                   (unsigned long long)h->backing_offset, h->backing_len,
                   (unsigned long long)file_size);
   }
   if (h->refcount_offset % cs != 0)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 refcount table offset %llu is not a multiple of the "
                 "cluster size %u",
                 (unsigned long long)h->refcount_offset, cs);
@@ -526,13 +516,13 @@ qcow2_l1_decode(const struct qcow2_header *h, uint64_t entry,
 {
   *l2_off = 0;
   if (entry & QCOW2_L1_RESERVED)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 L1 entry 0x%016llx has reserved bits 0x%016llx set",
                 (unsigned long long)entry,
                 (unsigned long long)(entry & QCOW2_L1_RESERVED));
   uint64_t off = entry & QCOW2_OFFSET_MASK;
   if (off % qcow2_cluster_size(h) != 0)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 L2 table offset %llu is not a multiple of the cluster "
                 "size %u",
                 (unsigned long long)off, qcow2_cluster_size(h));
@@ -553,12 +543,12 @@ decode_compressed(const struct qcow2_header *h, uint64_t entry, uint64_t sub,
   uint64_t host = entry & ((UINT64_C(1) << x) - 1);
   uint64_t sectors = (entry >> x) & ((UINT64_C(1) << size_bits) - 1);
   if (has_extl2(h) && sub != 0)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 compressed cluster 0x%016llx has subcluster bits "
                 "0x%016llx set",
                 (unsigned long long)entry, (unsigned long long)sub);
   if (host >= HOST_OFFSET_LIMIT)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 compressed cluster 0x%016llx has host offset %llu, "
                 "at or past 2^56",
                 (unsigned long long)entry, (unsigned long long)host);
@@ -575,7 +565,7 @@ qcow2_l2_decode(const struct qcow2_header *h, uint64_t entry, uint64_t sub,
   memset(c, 0, sizeof *c);
   c->kind = QCOW2_UNALLOCATED;
   if (!cluster_bits_ok(h->cluster_bits))
-    return fail(err, errlen, "qcow2 cluster bits %u are outside %u to %u",
+    return fmt_fail(err, errlen, -EINVAL, "qcow2 cluster bits %u are outside %u to %u",
                 h->cluster_bits, QCOW2_MIN_CLUSTER_BITS,
                 QCOW2_MAX_CLUSTER_BITS);
   if (entry & QCOW2_OFLAG_COMPRESSED)
@@ -584,22 +574,22 @@ qcow2_l2_decode(const struct qcow2_header *h, uint64_t entry, uint64_t sub,
   uint64_t off = entry & QCOW2_OFFSET_MASK;
   bool zero = (entry & QCOW2_OFLAG_ZERO) != 0;
   if (entry & QCOW2_L2_RESERVED)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 L2 entry 0x%016llx has reserved bits 0x%016llx set",
                 (unsigned long long)entry,
                 (unsigned long long)(entry & QCOW2_L2_RESERVED));
   if (zero && h->version < 3)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 L2 entry 0x%016llx has the zero flag, which version "
                 "%u does not have",
                 (unsigned long long)entry, h->version);
   if (zero && has_extl2(h))
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 extended L2 entry 0x%016llx has the zero flag, which "
                 "subclusters replace",
                 (unsigned long long)entry);
   if (off % qcow2_cluster_size(h) != 0)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 cluster offset %llu is not a multiple of the cluster "
                 "size %u",
                 (unsigned long long)off, qcow2_cluster_size(h));
@@ -615,12 +605,12 @@ qcow2_l2_decode(const struct qcow2_header *h, uint64_t entry, uint64_t sub,
   c->sub_alloc = (uint32_t)sub;
   c->sub_zero = (uint32_t)(sub >> 32);
   if (c->sub_alloc & c->sub_zero)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 subclusters 0x%08x are both allocated and zero in "
                 "L2 entry 0x%016llx",
                 c->sub_alloc & c->sub_zero, (unsigned long long)entry);
   if (!allocated && c->sub_alloc != 0)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 unallocated cluster has allocated subclusters 0x%08x",
                 c->sub_alloc);
   c->kind = allocated ? QCOW2_NORMAL : QCOW2_UNALLOCATED;

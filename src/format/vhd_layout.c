@@ -6,6 +6,8 @@
  * 64 bits. */
 #include "vhd_layout.h"
 
+#include "format/common.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -54,18 +56,6 @@
 #define CHS_MAX_HEADS   16u
 #define CHS_MAX_SECTORS 255u
 
-static int __attribute__((format(printf, 3, 4)))
-fail(char *err, size_t errlen, const char *fmt, ...)
-{
-  if (err != NULL && errlen > 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return -EINVAL;
-}
-
 /* A cookie as printable text for a message: '?' for what is not. */
 static void
 cookie_str(const uint8_t p[8], char out[9])
@@ -91,10 +81,10 @@ vhd_footer_decode(const uint8_t *p, size_t len, struct vhd_footer *f, char *err,
 {
   char cookie[9];
   if (len != VHD_FOOTER_LEN && len != VHD_OLD_FOOTER_LEN)
-    return fail(err, errlen, "VHD footer of %zu bytes, not 512 or 511", len);
+    return fmt_fail(err, errlen, -EINVAL, "VHD footer of %zu bytes, not 512 or 511", len);
   if (memcmp(p, VHD_FOOTER_COOKIE, 8) != 0) {
     cookie_str(p, cookie);
-    return fail(err, errlen, "VHD footer cookie \"%s\" is not \"%s\"", cookie,
+    return fmt_fail(err, errlen, -EINVAL, "VHD footer cookie \"%s\" is not \"%s\"", cookie,
                 VHD_FOOTER_COOKIE);
   }
   memset(f, 0, sizeof *f);
@@ -118,11 +108,11 @@ vhd_footer_decode(const uint8_t *p, size_t len, struct vhd_footer *f, char *err,
   f->saved_state = p[FOOTER_SAVED_STATE];
 
   if (VHD_MAJOR(f->version) != VHD_MAJOR(VHD_VERSION))
-    return fail(err, errlen, "VHD footer format version 0x%08x is not 1.x",
+    return fmt_fail(err, errlen, -EINVAL, "VHD footer format version 0x%08x is not 1.x",
                 f->version);
   if (f->disk_type != VHD_TYPE_FIXED && f->disk_type != VHD_TYPE_DYNAMIC &&
       f->disk_type != VHD_TYPE_DIFF)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "VHD disk type %u is none of 2 (fixed), 3 (dynamic) and 4 "
                 "(differencing)",
                 f->disk_type);
@@ -166,7 +156,7 @@ vhd_header_decode(const uint8_t p[VHD_HEADER_LEN], struct vhd_header *h,
   char cookie[9];
   if (memcmp(p, VHD_HEADER_COOKIE, 8) != 0) {
     cookie_str(p, cookie);
-    return fail(err, errlen, "VHD dynamic header cookie \"%s\" is not \"%s\"",
+    return fmt_fail(err, errlen, -EINVAL, "VHD dynamic header cookie \"%s\" is not \"%s\"",
                 cookie, VHD_HEADER_COOKIE);
   }
   memset(h, 0, sizeof *h);
@@ -194,14 +184,14 @@ vhd_header_decode(const uint8_t p[VHD_HEADER_LEN], struct vhd_header *h,
   }
 
   if (VHD_MAJOR(h->version) != VHD_MAJOR(VHD_VERSION))
-    return fail(err, errlen, "VHD dynamic header version 0x%08x is not 1.x",
+    return fmt_fail(err, errlen, -EINVAL, "VHD dynamic header version 0x%08x is not 1.x",
                 h->version);
   if (!block_size_ok(h->block_size))
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "VHD block size %u is not a power of two from %u to %u",
                 h->block_size, VHD_MIN_BLOCK, VHD_MAX_BLOCK);
   if (h->max_entries == 0)
-    return fail(err, errlen, "VHD dynamic header has no BAT entries");
+    return fmt_fail(err, errlen, -EINVAL, "VHD dynamic header has no BAT entries");
   return 0;
 }
 
@@ -351,18 +341,18 @@ check_range(const char *what, uint64_t off, uint64_t len, uint64_t file_size,
             char *err, size_t errlen)
 {
   if (off < VHD_FOOTER_LEN)
-    return fail(err, errlen, "%s overlaps the footer copy at offset 0", what);
+    return fmt_fail(err, errlen, -EINVAL, "%s overlaps the footer copy at offset 0", what);
   if (file_size >= VHD_OLD_FOOTER_LEN &&
       off <= file_size - VHD_OLD_FOOTER_LEN &&
       file_size - VHD_OLD_FOOTER_LEN - off >= len)
     return 0;
   if (off > UINT64_MAX - len)
-    return fail(err, errlen, "%s ends beyond 2^64 bytes", what);
+    return fmt_fail(err, errlen, -EINVAL, "%s ends beyond 2^64 bytes", what);
   if (off + len > file_size)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "%s ends at %llu, past the end of the %llu-byte file", what,
                 (unsigned long long)(off + len), (unsigned long long)file_size);
-  return fail(err, errlen,
+  return fmt_fail(err, errlen, -EINVAL,
               "%s ends at %llu, inside the footer of the %llu-byte file", what,
               (unsigned long long)(off + len), (unsigned long long)file_size);
 }
@@ -374,7 +364,7 @@ check_fixed(const struct vhd_footer *f, uint64_t size, uint64_t file_size,
   /* The data is read up to the larger of the two sizes. */
   uint64_t data = f->current_size > size ? f->current_size : size;
   if (file_size < VHD_OLD_FOOTER_LEN || file_size - VHD_OLD_FOOTER_LEN < data)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "fixed disk of %llu bytes and its footer do not fit in the "
                 "%llu-byte file",
                 (unsigned long long)data, (unsigned long long)file_size);
@@ -388,20 +378,20 @@ check_entries(const struct vhd_header *h, uint64_t size, char *err,
               size_t errlen)
 {
   if (!block_size_ok(h->block_size))
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "VHD block size %u is not a power of two from %u to %u",
                 h->block_size, VHD_MIN_BLOCK, VHD_MAX_BLOCK);
   /* Both 32-bit: the product fits in 64 bits. */
   uint64_t mapped = (uint64_t)h->max_entries * h->block_size;
   if (mapped < size)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "BAT of %u entries of %u-byte blocks maps %llu bytes, less "
                 "than the disk's %llu",
                 h->max_entries, h->block_size, (unsigned long long)mapped,
                 (unsigned long long)size);
   uint64_t most = (VHD_MAX_SIZE + h->block_size - 1) / h->block_size;
   if (h->max_entries > most)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "BAT of %u entries of %u-byte blocks maps %llu bytes, more "
                 "than the format's %llu bytes",
                 h->max_entries, h->block_size, (unsigned long long)mapped,
@@ -434,7 +424,7 @@ check_dynamic(const struct vhd_footer *f, const struct vhd_header *h,
   /* Both ranges end inside the file: the sums cannot overflow. */
   if (h->table_offset < f->data_offset + VHD_HEADER_LEN &&
       f->data_offset < h->table_offset + bat_len)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "BAT at offset %llu of %u entries overlaps the dynamic "
                 "header at offset %llu",
                 (unsigned long long)h->table_offset, h->max_entries,
@@ -448,17 +438,17 @@ vhd_check_layout(const struct vhd_footer *f, const struct vhd_header *h,
 {
   uint64_t size = vhd_virtual_size(f);
   if (size > VHD_MAX_SIZE)
-    return fail(err, errlen,
+    return fmt_fail(err, errlen, -EINVAL,
                 "disk of %llu bytes is larger than the format's %llu bytes "
                 "(2040 GiB)",
                 (unsigned long long)size, (unsigned long long)VHD_MAX_SIZE);
   if (f->disk_type == VHD_TYPE_FIXED) {
     if (h != NULL)
-      return fail(err, errlen, "a fixed disk has no dynamic header");
+      return fmt_fail(err, errlen, -EINVAL, "a fixed disk has no dynamic header");
     return check_fixed(f, size, file_size, err, errlen);
   }
   if (h == NULL)
-    return fail(err, errlen, "a disk of type %u needs its dynamic header",
+    return fmt_fail(err, errlen, -EINVAL, "a disk of type %u needs its dynamic header",
                 f->disk_type);
   return check_dynamic(f, h, size, file_size, err, errlen);
 }
