@@ -4,7 +4,8 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 MESON_OPTS ?=
 
-.PHONY: all deps test-deps check check-asan demo bench clean
+.PHONY: all deps test-deps demo-deps valgrind-deps check check-asan \
+	check-valgrind demo bench clean
 
 all: deps $(BUILD)/build.ninja
 	ninja -C $(BUILD)
@@ -14,6 +15,13 @@ deps:
 
 test-deps:
 	@scripts/deps.sh all
+
+# The demo needs the build's packages and python3 only.
+demo-deps:
+	@scripts/deps.sh demo
+
+valgrind-deps:
+	@scripts/deps.sh valgrind
 
 $(BUILD)/build.ninja:
 	meson setup $(BUILD) $(MESON_OPTS)
@@ -29,7 +37,14 @@ check-asan: test-deps $(ASAN_BUILD)/build.ninja
 	ninja -C $(ASAN_BUILD)
 	tests/run $(ASAN_BUILD)
 
-demo: test-deps all
+# The unit tests and a subset of the integration tests under valgrind's
+# memcheck (tests/valgrind says which, and how long they take); fails on
+# any memcheck error. VALGRIND_TESTS="PATTERN ..." chooses others.
+check-valgrind: valgrind-deps $(BUILD)/build.ninja
+	ninja -C $(BUILD)
+	tests/valgrind $(BUILD) $(VALGRIND_TESTS)
+
+demo: demo-deps all
 	scripts/demo.sh $(BUILD)/nbdflow
 
 bench: test-deps all

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages nbdflow needs, when they are missing.
-# Usage: scripts/deps.sh build|test|all
+# Usage: scripts/deps.sh build|demo|valgrind|test|all
+#   build: to build nbdflow (its libraries come with it);
+#   demo: that and what scripts/demo.sh runs besides coreutils;
+#   valgrind: that and valgrind (tests/valgrind);
+#   test, all: everything the test suite and the benchmarks use.
 # As root it runs apt-get; otherwise it prints the exact command to run.
 set -euo pipefail
 
@@ -9,11 +13,14 @@ build_pkgs=(gcc meson ninja-build pkg-config libgnutls28-dev nettle-dev
 test_pkgs=(python3 nbdkit libnbd-bin qemu-utils nbd-server gnutls-bin
            iproute2 iputils-ping iperf3 procps strace time util-linux
            e2fsprogs clang libclang-rt-14-dev)
+demo_pkgs=(python3)
 
 case "${1:-all}" in
   build) want=("${build_pkgs[@]}") ;;
+  demo) want=("${build_pkgs[@]}" "${demo_pkgs[@]}") ;;
+  valgrind) want=("${build_pkgs[@]}" "${test_pkgs[@]}" valgrind) ;;
   test|all) want=("${build_pkgs[@]}" "${test_pkgs[@]}") ;;
-  *) echo "usage: $0 build|test|all" >&2; exit 2 ;;
+  *) echo "usage: $0 build|demo|valgrind|test|all" >&2; exit 2 ;;
 esac
 
 missing=()
