@@ -493,6 +493,10 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                     VHD_LOC_NONE };
   for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
     locator(codes[i], p, size);
+  struct vhd_batmap bm;
+  if (vhd_batmap_decode(p, size, &bm) == 0)
+    CHECK(size >= 24 && be64(p + 8) == bm.offset &&
+          be32(p + 16) == bm.sectors);
   utf16(p, size);
   parent_name(p, size);
   bitmap(p, size);

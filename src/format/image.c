@@ -68,7 +68,14 @@ image_open(const char *path, const struct image_opts *o, struct image **out,
     return 0;
   /* O_NONBLOCK: a FIFO must not hold the probe up (it is raw anyway); it
    * changes nothing for files and devices. */
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  int fd = open(path, (o->writable ? O_RDWR : O_RDONLY) | O_CLOEXEC |
+                          O_NONBLOCK);
+  struct image_opts oo = *o;
+  if (fd < 0 && o->writable && (errno == EROFS || errno == EACCES ||
+                                errno == EPERM)) {
+    oo.writable = false; /* served read-only: img->writable says so */
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  }
   if (fd < 0 && o->format == IMAGE_FORMAT_AUTO)
     return 0; /* the caller opens it as a plain file and says why not */
   if (fd < 0) {
@@ -106,7 +113,7 @@ image_open(const char *path, const struct image_opts *o, struct image **out,
     return -ENOMEM;
   }
   img->ops = ops;
-  r = ops->open(img, fd, NULL, o, err, errlen);
+  r = ops->open(img, fd, NULL, &oo, err, errlen);
   if (r < 0) {
     image_close(img);
     return r;

@@ -9,7 +9,12 @@
  * and the copy's workers call pread and extents concurrently. map never
  * blocks (it answers from memory) and may be called from a loop thread.
  * All return 0 or -errno; a failure to open comes with one sentence in
- * err that names the file and what is wrong. */
+ * err that names the file and what is wrong.
+ *
+ * A format that can write in place (VHD) offers pwrite, zero, trim and
+ * flush; they are synchronous and thread-safe too, and may run
+ * concurrently with each other and with reads. Only an image opened with
+ * image_opts.writable (img->writable) is written. */
 #ifndef NBDFLOW_FORMAT_IMAGE_H
 #define NBDFLOW_FORMAT_IMAGE_H
 
@@ -48,6 +53,31 @@ struct image_opts {
    * raw disk and name any file on the host as its parent). */
   bool format_given;
   bool ignore_checksums;
+  /* Open the image (the top of a chain; parents never) for writing. An
+   * image whose format cannot write, or whose file cannot be opened for
+   * writing, opens read-only: img->writable says which. */
+  bool writable;
+  /* Open it to be checked (image_ops.check): checksums, the footer copy
+   * and BAT entries outside the file are reported by check rather than
+   * refused. Such an image is only checked, never read. */
+  bool check;
+};
+
+/* Flags of the writing operations. */
+#define IMAGE_FUA 1u      /* durable on the medium when it returns */
+#define IMAGE_MAY_TRIM 2u /* zero: may deallocate (a hole reads as zeroes) */
+#define IMAGE_FAST 4u     /* zero: -ENOTSUP, changing nothing, unless it is
+                             cheaper than writing zeroes */
+
+/* What check found: each finding goes to report (error: the image is
+ * wrong: a reader could read wrong bytes, or a writer could overwrite
+ * one structure with another; else a note: a valid image with, say,
+ * lost space) and is counted. */
+struct image_check {
+  void (*report)(void *ctx, bool error, const char *msg);
+  void *ctx;
+  uint64_t errors, notes;
+  uint64_t lost;    /* bytes of the file that nothing points at */
 };
 
 /* What info shows. */
@@ -63,6 +93,12 @@ struct image_info {
    * some of its pages (tmpfs). */
   bool in_memory;
   bool swappable;
+  /* A writable image: the smallest write that needs no read-modify-
+   * write (a VHD's sector, 1 for a fixed disk), and whether trim does
+   * anything. */
+  uint32_t write_block;
+  bool can_trim;
+  bool can_fast_zero;
 };
 
 /* Where an image's bytes are when they are not a local file: an NBD
@@ -107,12 +143,30 @@ struct image_ops {
    * table of the image (info does; serve and copy do not ask). */
   void (*info)(struct image *img, struct image_info *out, bool allocation);
   void (*close)(struct image *img);
+  /* Optional (NULL: read-only format); called only when img->writable.
+   * pwrite writes [off, off + len), within the disk, from buf; zero makes
+   * it read as zeroes (IMAGE_MAY_TRIM, IMAGE_FAST); trim says the range
+   * is no longer needed (it reads as anything after, zeroes or not: the
+   * format does what is cheap); flush makes every write that has
+   * returned durable; IMAGE_FUA makes this one durable. */
+  int (*pwrite)(struct image *img, const void *buf, uint64_t len,
+                uint64_t off, unsigned flags, char *why, size_t whylen);
+  int (*zero)(struct image *img, uint64_t len, uint64_t off, unsigned flags,
+              char *why, size_t whylen);
+  int (*trim)(struct image *img, uint64_t len, uint64_t off, unsigned flags,
+              char *why, size_t whylen);
+  int (*flush)(struct image *img);
+  /* Optional: checks the image's structures (an image opened with
+   * image_opts.check), reporting into c; 0, or -errno when the file
+   * could not be read. */
+  int (*check)(struct image *img, struct image_check *c);
 };
 
 struct image {
   const struct image_ops *ops;
   char *path;     /* owned, for messages */
   uint64_t size;  /* virtual size in bytes */
+  bool writable;  /* opened for writing, by a format that can */
   void *priv;     /* the format's state */
 };
 

@@ -33,41 +33,15 @@
 #include "format/common.h"
 #include "format/image.h"
 #include "format/vhd_layout.h"
+#include "format/vhd_priv.h"
 #include "util/fileio.h"
 
-/* XCP-ng coalesces chains longer than 30; a longer one is refused. */
-#define VHD_MAX_DEPTH 64
 /* BAT entries read into memory per image (64 MiB): 2040 GiB of 128 KiB
  * blocks. A header that needs more is refused rather than trusted. */
 #define VHD_MAX_ENTRIES (UINT32_C(1) << 24)
 
-struct vhd_level {
-  int fd;                /* owned; -1 when io reads the image */
-  struct image_io *io;   /* owned: the top image's bytes, not a file */
-  char *path;            /* owned: as opened (resolved for parents) */
-  struct vhd_footer f;
-  struct vhd_header h;   /* dynamic and differencing only */
-  uint64_t size;         /* virtual */
-  uint64_t file_size;
-  uint32_t block_size;   /* 0: fixed */
-  uint32_t bitmap_len;
-  uint32_t nblocks;      /* BAT entries used: blocks covering size */
-  uint32_t *bat;         /* owned, host order, each checked */
-  uint8_t *full;         /* per block: bitmap known all set (atomic) */
-  dev_t dev;
-  ino_t ino;
-};
-
-struct vhd_priv {
-  struct vhd_level lv[VHD_MAX_DEPTH];
-  int depth;
-  const char *parents[VHD_MAX_DEPTH]; /* lv[1..].path, for info */
-  uint64_t allocated;
-};
-
-/* Exactly len bytes of l at off: -EIO past its end. */
-static int
-lv_read(const struct vhd_level *l, void *buf, size_t len, uint64_t off)
+int
+vhd_lv_read(const struct vhd_level *l, void *buf, size_t len, uint64_t off)
 {
   return fmt_read(l->fd, l->io, buf, len, off);
 }
@@ -97,19 +71,22 @@ vhd_read_footer(struct vhd_level *l, const struct image_opts *o, char *err,
                     l->path, (unsigned long long)l->file_size);
   size_t n = l->file_size < VHD_FOOTER_LEN ? VHD_OLD_FOOTER_LEN
                                            : VHD_FOOTER_LEN;
-  r = lv_read(l, buf, n, l->file_size - n);
+  r = vhd_lv_read(l, buf, n, l->file_size - n);
   if (r < 0)
     return fmt_fail(err, errlen, r, "%s: reading the footer: %s", l->path,
                     strerror(-r));
+  l->footer_len = (uint32_t)n;
   r = vhd_footer_decode(buf, n, &l->f, why, sizeof why);
-  if (r < 0 && n == VHD_FOOTER_LEN)
+  if (r < 0 && n == VHD_FOOTER_LEN) {
+    l->footer_len = VHD_OLD_FOOTER_LEN;
     r = vhd_footer_decode(buf + 1, VHD_OLD_FOOTER_LEN, &l->f, why,
                           sizeof why);
+  }
   if (r < 0) {
     /* A dynamic disk keeps a copy at 0: if it is there, the end is gone. */
     struct vhd_footer copy;
     char why0[160];
-    if (lv_read(l, buf, VHD_FOOTER_LEN, 0) == 0 &&
+    if (vhd_lv_read(l, buf, VHD_FOOTER_LEN, 0) == 0 &&
         vhd_footer_decode(buf, VHD_FOOTER_LEN, &copy, why0,
                           sizeof why0) == 0)
       return fmt_fail(err, errlen, -EINVAL,
@@ -119,7 +96,7 @@ vhd_read_footer(struct vhd_level *l, const struct image_opts *o, char *err,
                       (unsigned long long)copy.current_size);
     return fmt_fail(err, errlen, -EINVAL, "%s: not a VHD: %s", l->path, why);
   }
-  if (!l->f.checksum_ok && !o->ignore_checksums)
+  if (!l->f.checksum_ok && !o->ignore_checksums && !o->check)
     return fmt_fail(err, errlen, -EINVAL,
                     "%s: VHD footer checksum 0x%08x is wrong "
                     "(--ignore-checksums reads it anyway)",
@@ -136,8 +113,8 @@ vhd_check_copy(struct vhd_level *l, const struct image_opts *o, char *err,
   uint8_t buf[VHD_FOOTER_LEN];
   struct vhd_footer c;
   char why[160];
-  if (o->ignore_checksums ||
-      lv_read(l, buf, sizeof buf, 0) < 0 ||
+  if (o->ignore_checksums || o->check ||
+      vhd_lv_read(l, buf, sizeof buf, 0) < 0 ||
       vhd_footer_decode(buf, sizeof buf, &c, why, sizeof why) < 0 ||
       !c.checksum_ok)
     return 0;
@@ -172,14 +149,14 @@ vhd_read_header(struct vhd_level *l, const struct image_opts *o, char *err,
                     "lies past the end of the %llu-byte file", l->path,
                     (unsigned long long)l->f.data_offset,
                     (unsigned long long)l->file_size);
-  int r = lv_read(l, buf, sizeof buf, l->f.data_offset);
+  int r = vhd_lv_read(l, buf, sizeof buf, l->f.data_offset);
   if (r < 0)
     return fmt_fail(err, errlen, r, "%s: reading the dynamic header: %s",
                     l->path, strerror(-r));
   r = vhd_header_decode(buf, &l->h, why, sizeof why);
   if (r < 0)
     return fmt_fail(err, errlen, r, "%s: %s", l->path, why);
-  if (!l->h.checksum_ok && !o->ignore_checksums)
+  if (!l->h.checksum_ok && !o->ignore_checksums && !o->check)
     return fmt_fail(err, errlen, -EINVAL,
                     "%s: VHD dynamic header checksum 0x%08x is wrong "
                     "(--ignore-checksums reads it anyway)",
@@ -190,7 +167,7 @@ vhd_read_header(struct vhd_level *l, const struct image_opts *o, char *err,
 /* Reads the BAT entries that cover the disk and checks each block lies
  * inside the file. */
 static int
-vhd_read_bat(struct vhd_level *l, char *err, size_t errlen)
+vhd_read_bat(struct vhd_level *l, bool check, char *err, size_t errlen)
 {
   uint64_t n = (l->size + l->block_size - 1) / l->block_size;
   if (n > VHD_MAX_ENTRIES)
@@ -208,7 +185,7 @@ vhd_read_bat(struct vhd_level *l, char *err, size_t errlen)
     return fmt_fail(err, errlen, -ENOMEM, "%s: no memory for the BAT",
                     l->path);
   }
-  int r = lv_read(l, raw, bytes, l->h.table_offset);
+  int r = vhd_lv_read(l, raw, bytes, l->h.table_offset);
   if (r < 0) {
     free(raw);
     return fmt_fail(err, errlen, r, "%s: reading the BAT: %s", l->path,
@@ -216,7 +193,7 @@ vhd_read_bat(struct vhd_level *l, char *err, size_t errlen)
   }
   for (uint32_t i = 0; i < l->nblocks; i++) {
     uint32_t e = vhd_bat_entry(raw, i);
-    if (e != VHD_BAT_UNUSED &&
+    if (e != VHD_BAT_UNUSED && !check &&
         !vhd_block_inside(e, l->block_size, l->file_size)) {
       free(raw);
       return fmt_fail(err, errlen, -EINVAL,
@@ -274,7 +251,7 @@ vhd_open_level(struct vhd_level *l, const struct image_opts *o, char *err,
     return 0;
   l->block_size = l->h.block_size;
   l->bitmap_len = vhd_bitmap_len(l->block_size);
-  return vhd_read_bat(l, err, errlen);
+  return vhd_read_bat(l, o->check, err, errlen);
 }
 
 static void
@@ -313,7 +290,7 @@ vhd_locator_candidate(const struct vhd_level *child, int i, char *out,
   uint8_t *data = malloc(loc->length);
   if (data == NULL)
     return -ENOMEM;
-  int r = lv_read(child, data, loc->length, loc->offset);
+  int r = vhd_lv_read(child, data, loc->length, loc->offset);
   if (r == 0)
     r = vhd_locator_path(loc->code, data, loc->length, path, sizeof path);
   free(data);
@@ -433,14 +410,13 @@ vhd_open(struct image *img, int fd, struct image_io *io,
       return r;
     p->parents[k] = p->lv[k + 1].path;
   }
-  struct vhd_level *l = &p->lv[0];
-  img->size = l->size;
-  if (l->block_size == 0) {
-    p->allocated = l->size;
-  } else {
-    for (uint32_t i = 0; i < l->nblocks; i++)
-      if (l->bat[i] != VHD_BAT_UNUSED)
-        p->allocated += l->block_size;
+  img->size = p->lv[0].size;
+  if (o->writable && p->lv[0].fd >= 0 && !o->check) {
+    r = vhd_rw_init(img, p, err, errlen);
+    if (r < 0)
+      return r;
+    p->lv[0].writable = true;
+    img->writable = true;
   }
   return 0;
 }
@@ -451,6 +427,7 @@ vhd_close(struct image *img)
   struct vhd_priv *p = img->priv;
   if (p == NULL)
     return;
+  vhd_rw_free(p);
   for (int i = 0; i < VHD_MAX_DEPTH; i++)
     if (p->lv[i].fd >= 0 || p->lv[i].path || p->lv[i].io)
       vhd_close_level(&p->lv[i]);
@@ -460,10 +437,25 @@ vhd_close(struct image *img)
 
 /* ---- reading ---- */
 
+static uint32_t
+vhd_bat_get(const struct vhd_level *l, uint32_t b)
+{
+  return __atomic_load_n(&l->bat[b], __ATOMIC_ACQUIRE);
+}
+
 static uint64_t
 vhd_host_data(const struct vhd_level *l, uint32_t b)
 {
-  return (uint64_t)l->bat[b] * VHD_SECTOR + l->bitmap_len;
+  return (uint64_t)vhd_bat_get(l, b) * VHD_SECTOR + l->bitmap_len;
+}
+
+uint32_t
+vhd_block_sectors(const struct vhd_level *l, uint32_t b)
+{
+  uint64_t left = l->size - (uint64_t)b * l->block_size;
+  return left < l->block_size
+           ? (uint32_t)((left + VHD_SECTOR - 1) / VHD_SECTOR)
+           : l->block_size / VHD_SECTOR;
 }
 
 /* Reads block b's bitmap into a new buffer (the caller frees it), or
@@ -477,19 +469,15 @@ vhd_bitmap(struct vhd_level *l, uint32_t b, int *r)
     *r = -ENOMEM;
     return NULL;
   }
-  *r = lv_read(l, bm, l->bitmap_len,
-                        (uint64_t)l->bat[b] * VHD_SECTOR);
+  *r = vhd_lv_read(l, bm, l->bitmap_len,
+                   (uint64_t)vhd_bat_get(l, b) * VHD_SECTOR);
   if (*r < 0) {
     free(bm);
     return NULL;
   }
-  uint32_t spb = l->block_size / VHD_SECTOR;
-  uint64_t left = l->size - (uint64_t)b * l->block_size;
-  uint32_t lim = left < l->block_size
-                   ? (uint32_t)((left + VHD_SECTOR - 1) / VHD_SECTOR)
-                   : spb;
+  uint32_t lim = vhd_block_sectors(l, b);
   bool set;
-  if (vhd_bitmap_run(bm, 0, lim, &set) == lim && set)
+  if (!l->writable && vhd_bitmap_run(bm, 0, lim, &set) == lim && set)
     __atomic_store_n(&l->full[b], 1, __ATOMIC_RELAXED);
   return bm;
 }
@@ -498,7 +486,7 @@ static int vhd_read_level(struct vhd_priv *p, int k, uint8_t *buf,
                           uint64_t len, uint64_t off);
 
 /* Bytes the image below level k supplies: its parent's, or zeroes. */
-static int
+int
 vhd_read_below(struct vhd_priv *p, int k, uint8_t *buf, uint64_t len,
                uint64_t off)
 {
@@ -516,10 +504,10 @@ vhd_read_block(struct vhd_priv *p, int k, uint32_t b, uint8_t *buf,
 {
   struct vhd_level *l = &p->lv[k];
   uint64_t in = off - (uint64_t)b * l->block_size;
-  if (l->bat[b] == VHD_BAT_UNUSED)
+  if (vhd_bat_get(l, b) == VHD_BAT_UNUSED)
     return vhd_read_below(p, k, buf, n, off);
   if (__atomic_load_n(&l->full[b], __ATOMIC_RELAXED))
-    return lv_read(l, buf, n, vhd_host_data(l, b) + in);
+    return vhd_lv_read(l, buf, n, vhd_host_data(l, b) + in);
   int r;
   uint8_t *bm = vhd_bitmap(l, b, &r);
   if (bm == NULL)
@@ -536,7 +524,7 @@ vhd_read_block(struct vhd_priv *p, int k, uint32_t b, uint8_t *buf,
     uint8_t *dst = buf + (pos - in);
     uint64_t len = run_end - pos;
     if (set)
-      r = lv_read(l, dst, len, vhd_host_data(l, b) + pos);
+      r = vhd_lv_read(l, dst, len, vhd_host_data(l, b) + pos);
     else
       r = vhd_read_below(p, k, dst, len, off + (pos - in));
     pos = run_end;
@@ -560,7 +548,7 @@ vhd_read_level(struct vhd_priv *p, int k, uint8_t *buf, uint64_t len,
     len = l->size - off;
   }
   if (l->block_size == 0) {
-    int r = lv_read(l, buf, len, off);
+    int r = vhd_lv_read(l, buf, len, off);
     return r == -EIO ? -EIO : r;
   }
   while (len > 0) {
@@ -661,7 +649,7 @@ vhd_extents_level(struct vhd_priv *p, int k, uint64_t off, uint64_t len,
     if (n > len)
       n = len;
     int r = 0;
-    if (l->bat[b] == VHD_BAT_UNUSED) {
+    if (vhd_bat_get(l, b) == VHD_BAT_UNUSED) {
       r = vhd_extents_below(p, k, off, n, o);
     } else if (__atomic_load_n(&l->full[b], __ATOMIC_RELAXED)) {
       r = vhd_emit(o, n, 0) ? 0 : 1;
@@ -731,7 +719,7 @@ vhd_map(struct image *img, uint64_t off, uint64_t len, struct image_map *m)
     }
     uint32_t b = (uint32_t)(off / l->block_size);
     uint64_t in = off - (uint64_t)b * l->block_size;
-    if (l->bat[b] != VHD_BAT_UNUSED) {
+    if (vhd_bat_get(l, b) != VHD_BAT_UNUSED) {
       if (!__atomic_load_n(&l->full[b], __ATOMIC_RELAXED))
         return -EAGAIN; /* only the bitmap can say: read instead */
       uint64_t run = l->block_size - in;
@@ -752,18 +740,26 @@ vhd_map(struct image *img, uint64_t off, uint64_t len, struct image_map *m)
 static void
 vhd_info(struct image *img, struct image_info *out, bool allocation)
 {
-  (void)allocation; /* counted at open: the BAT is in memory */
+  (void)allocation; /* the BAT is in memory */
   struct vhd_priv *p = img->priv;
   const struct vhd_level *l = &p->lv[0];
+  uint64_t allocated = l->block_size == 0 ? l->size : 0;
+  for (uint32_t i = 0; l->block_size && i < l->nblocks; i++)
+    if (vhd_bat_get(l, i) != VHD_BAT_UNUSED)
+      allocated += l->block_size;
+  bool diff = l->f.disk_type == VHD_TYPE_DIFF;
   *out = (struct image_info){
     .format = "vhd",
     .disk_type = l->f.disk_type == VHD_TYPE_FIXED     ? "fixed"
                  : l->f.disk_type == VHD_TYPE_DYNAMIC ? "dynamic"
                                                       : "differencing",
     .block_size = l->block_size,
-    .allocated = p->allocated,
+    .allocated = allocated,
     .parents = p->parents,
     .nparents = p->depth - 1,
+    .write_block = l->block_size ? VHD_SECTOR : 1,
+    .can_trim = !diff,
+    .can_fast_zero = !diff,
   };
   memcpy(out->creator, l->f.creator_app, sizeof out->creator);
   out->in_memory = true;
@@ -784,4 +780,9 @@ const struct image_ops image_vhd_ops = {
   .map = vhd_map,
   .info = vhd_info,
   .close = vhd_close,
+  .pwrite = vhd_rw_pwrite,
+  .zero = vhd_rw_zero,
+  .trim = vhd_rw_trim,
+  .flush = vhd_rw_flush,
+  .check = vhd_check,
 };

@@ -464,6 +464,17 @@ vhd_block_inside(uint32_t entry, uint32_t block_size, uint64_t file_size)
   return end <= file_size - VHD_OLD_FOOTER_LEN;
 }
 
+int
+vhd_batmap_decode(const uint8_t *p, size_t len, struct vhd_batmap *b)
+{
+  if (len < 24 || memcmp(p, VHD_BATMAP_COOKIE, 8) != 0)
+    return -EINVAL;
+  b->offset = wire_get64(p + 8);
+  b->sectors = wire_get32(p + 16);
+  b->version = wire_get32(p + 20);
+  return 0;
+}
+
 static inline bool
 bit_at(const uint8_t *b, uint32_t i)
 {

@@ -131,6 +131,18 @@ uint64_t vhd_bat_len(uint32_t entries);
 int vhd_check_layout(const struct vhd_footer *f, const struct vhd_header *h,
                      uint64_t file_size, char *err, size_t errlen);
 
+/* XenServer's batmap header (cookie "tdbatmap"), in the sector after the
+ * BAT: where its bitmap lies. Readers ignore it (docs/formats.md); check
+ * counts its space as used. */
+struct vhd_batmap {
+  uint64_t offset;   /* byte offset of the bitmap */
+  uint32_t sectors;  /* its length */
+  uint32_t version;
+};
+/* Decodes the batmap header at p (len bytes): -EINVAL when it does not
+ * start with the cookie or len is less than its 24 bytes. */
+int vhd_batmap_decode(const uint8_t *p, size_t len, struct vhd_batmap *b);
+
 /* The BAT entry i of a table read from disk (big-endian u32). */
 static inline uint32_t
 vhd_bat_entry(const uint8_t *bat, uint32_t i)

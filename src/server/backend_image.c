@@ -1,7 +1,9 @@
-/* backend_image.c: an image in a format (VHD...) served read-only
- * through the format layer (format/image.h): READ by the format's pread,
- * block status from its allocation, and READs of a block in memory sent
- * from the image file's pages by its map. */
+/* backend_image.c: an image in a format (VHD...) served through the
+ * format layer (format/image.h): READ by the format's pread, block
+ * status from its allocation, READs of a block in memory sent from the
+ * image file's pages by its map, and, for a format that writes in place
+ * (a VHD opened writable), WRITE, WRITE_ZEROES, TRIM and FLUSH by its
+ * write operations. Nothing here knows a format. */
 #include <errno.h>
 #include <stdlib.h>
 
@@ -23,41 +25,44 @@ img_pread(struct export *e, void *buf, uint64_t len, uint64_t off)
   return img->ops->pread(img, buf, len, off, why, sizeof why);
 }
 
-static int
-img_read_only(struct export *e)
-{
-  (void)e;
-  return -EROFS;
-}
-
+/* Writes go to the format (image_ops pwrite, zero, trim, flush), which
+ * allocates, orders and locks; an image opened read-only never gets
+ * here (the export is read-only, and transmission refuses writes). */
 static int
 img_pwrite(struct export *e, const void *buf, uint64_t len, uint64_t off,
            bool fua)
 {
-  (void)buf, (void)len, (void)off, (void)fua;
-  return img_read_only(e);
+  struct image *img = e->priv;
+  char why[200];
+  return img->ops->pwrite(img, buf, len, off, fua ? IMAGE_FUA : 0, why,
+                          sizeof why);
 }
 
 static int
 img_zero(struct export *e, uint64_t len, uint64_t off, bool may_trim,
          bool fast, bool fua)
 {
-  (void)len, (void)off, (void)may_trim, (void)fast, (void)fua;
-  return img_read_only(e);
+  struct image *img = e->priv;
+  char why[200];
+  unsigned flags = (may_trim ? IMAGE_MAY_TRIM : 0) | (fast ? IMAGE_FAST : 0) |
+                   (fua ? IMAGE_FUA : 0);
+  return img->ops->zero(img, len, off, flags, why, sizeof why);
 }
 
 static int
 img_trim(struct export *e, uint64_t len, uint64_t off, bool fua)
 {
-  (void)len, (void)off, (void)fua;
-  return img_read_only(e);
+  struct image *img = e->priv;
+  char why[200];
+  return img->ops->trim(img, len, off, fua ? IMAGE_FUA : 0, why,
+                        sizeof why);
 }
 
 static int
 img_flush(struct export *e)
 {
-  (void)e;
-  return 0; /* nothing is ever written */
+  struct image *img = e->priv;
+  return img->writable ? img->ops->flush(img) : 0;
 }
 
 static int
@@ -122,12 +127,20 @@ backend_image_open(struct export *e, struct image *img)
   e->priv = img;
   e->kind = img->ops->name;
   e->size = img->size;
-  e->read_only = true;
-  /* An image on tmpfs or ramfs: READs of its mapped blocks may leave from
-   * its pages (req_from_file), as a raw file's do. Read-only, so swap
-   * only decides where its READs come from. */
+  e->read_only = !img->writable;
   struct image_info in;
   img->ops->info(img, &in, false);
+  if (img->writable) {
+    e->can_trim = in.can_trim;
+    e->can_fast_zero = in.can_fast_zero;
+    /* Whole sectors: a smaller write reads its sector first. */
+    if (in.write_block > 1 && img->size % in.write_block == 0)
+      e->min_block = in.write_block;
+  }
+  /* An image on tmpfs or ramfs: READs of its mapped blocks may leave from
+   * its pages (req_from_file), as a raw file's do, and small WRITEs may
+   * run on the loop: they copy into memory (an allocation's fdatasync
+   * returns at once there). */
   if (in.in_memory && img->ops->map) {
     e->swappable = in.swappable;
     e->write_in_memory = !in.swappable || export_swap_active() == 0;

@@ -13,15 +13,17 @@
 #include "util/log.h"
 #include "util/size.h"
 
-/* A path: an image in a format is served through the format layer,
- * read-only; a raw file or device as it is. */
+/* A path: an image in a format is served through the format layer
+ * (read-write when the format writes in place), a raw file or device as
+ * it is. */
 static int
 export_open_path(struct export *e, const struct target *t,
                  const struct export_opts *o)
 {
   struct image_opts io = { .format = t->format,
                            .format_given = t->format_given,
-                           .ignore_checksums = o->ignore_checksums };
+                           .ignore_checksums = o->ignore_checksums,
+                           .writable = !e->read_only };
   struct image *img;
   char err[512];
   int r = image_open(t->arg, &io, &img, err, sizeof err);
@@ -31,10 +33,10 @@ export_open_path(struct export *e, const struct target *t,
   }
   if (img == NULL)
     return backend_file_open(e, t->arg);
-  if (!e->read_only)
-    log_info("export \"%s\": %s is a %s image: serving it read-only",
-             e->name, t->arg, img->ops->name);
-  e->read_only = true;
+  if (!e->read_only && !img->writable)
+    log_info("export \"%s\": %s is a %s image this server cannot write "
+             "(or a file it may not): serving it read-only", e->name, t->arg,
+             img->ops->name);
   return backend_image_open(e, img);
 }
 

@@ -63,6 +63,10 @@ struct export {
   bool read_only;
   bool can_trim;      /* TRIM does something */
   bool can_fast_zero; /* zeroing is cheaper than writing */
+  /* The minimum block size to advertise (NBD_INFO_BLOCK_SIZE); 0: 1. An
+   * image whose smaller writes cost a read (a VHD's 512-byte sectors)
+   * asks clients for whole blocks; it still takes smaller ones. */
+  uint32_t min_block;
   /* A WRITE only copies into memory and never waits for a device: a
    * file on tmpfs or ramfs while no swap is active, or null. The event
    * loop runs small ones itself (SERVER_INLINE_WRITE), and a file's READ
@@ -120,7 +124,7 @@ int backend_memory_open(struct export *e, uint64_t size);
 int backend_null_open(struct export *e, uint64_t size);
 struct image;
 extern const struct backend_ops backend_image_ops;
-/* Serves img (owned from the call on) read-only. */
+/* Serves img (owned from the call on): read-write when img->writable. */
 int backend_image_open(struct export *e, struct image *img);
 
 #endif

@@ -852,10 +852,30 @@ test_uuid(void)
   ok(strcmp(s, "f0f1f2f3-f4f5-f6f7-f8f9-fafbfcfdfeff") == 0, "uuid %s", s);
 }
 
+/* XenServer's batmap header: cookie, then offset and sectors. */
+static void
+test_batmap(void)
+{
+  uint8_t p[512] = "tdbatmap";
+  p[8 + 6] = 0x0a; /* offset 0xa00 */
+  p[16 + 3] = 2;   /* 2 sectors */
+  p[20 + 1] = 1;   /* version 1.2 */
+  p[20 + 3] = 2;
+  struct vhd_batmap b;
+  ok(vhd_batmap_decode(p, sizeof p, &b) == 0 && b.offset == 0xa00 &&
+       b.sectors == 2 && b.version == 0x00010002,
+     "batmap header: offset, sectors, version");
+  ok(vhd_batmap_decode(p, 23, &b) == -EINVAL, "batmap: 23 bytes refused");
+  p[0] = 'T';
+  ok(vhd_batmap_decode(p, sizeof p, &b) == -EINVAL,
+     "batmap: another cookie refused");
+}
+
 int
 main(void)
 {
   test_checksum();
+  test_batmap();
   test_footer_qemu();
   test_header_qemu();
   test_round_trip();
