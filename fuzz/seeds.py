@@ -354,6 +354,17 @@ SEEDS = {
         b"nbds+unix://?socket=%2Ftmp%2Fs&tls-verify-peer=0",
         b"nbds://h:1/?tls-certificates=pki&tls-hostname=h",
     ],
+    "fuzz-http": [
+        b"\0http://root:pw@host:8080/import_raw_vdi?vdi=a&format=raw",
+        b"\0https://[::1]/nbdproxy/import/vm/sr/vdi/dp",
+        b"\1HTTP/1.1 200 OK\r\nTransfer-encoding: nbd\r\n\r\n",
+        b"\1HTTP/1.0 404 Not Found\r\nContent-Length: 0\r\n\r\n",
+        b"\2PUT /import_raw_vdi?vdi=x&format=raw HTTP/1.1\r\n"
+        b"Cookie: chunked=true; session_id=OpaqueRef:1\r\n\r\n",
+        b"\2PUT /nbd/disk HTTP/1.1\r\nContent-Length: 4096\r\n\r\n",
+        b"\3vdi=a%20b&chunked&format=raw",
+        b"\4" + struct.pack("<QI", 4096, 512) + be("Q", 1 << 20),
+    ],
     "fuzz-size": [b"0", b"512", b"10G", b"1.5M", b"64KiB", b"16E", b"1536K"],
     "fuzz-vhd": vhd_seeds(),
     "fuzz-qcow2": qcow2_seeds(),

@@ -13,6 +13,7 @@
 #include "cli/cmd.h"
 #include "copy/endpoint.h"
 #include "copy/engine.h"
+#include "copy/journal.h"
 #include "format/image.h"
 #include "format/target.h"
 #include "net/loop.h"
@@ -32,6 +33,17 @@ struct copy_args {
   enum image_format src_format, dst_format;
   bool src_format_given;
   bool ignore_checksums;
+  unsigned retry;            /* --retry N: attempts in a row; 0: off */
+  unsigned retry_delay_ms;   /* --retry N,DELAY */
+  const char *checkpoint;    /* --checkpoint FILE, or NULL */
+  unsigned checkpoint_s;     /* --checkpoint-interval */
+  enum ep_protocol dst_protocol; /* --dst-protocol */
+  const char *nbd_export;        /* --nbd-export */
+  const char *tls_certificates;  /* --tls-certificates (https) */
+  bool no_tls_verify;            /* --tls-verify-peer=false */
+  uint64_t expect_size;          /* --expect-size (sparse_dd's -size) */
+  const char *base;              /* --base: DST already holds it */
+  bool expect_size_given;
 };
 
 static void
@@ -43,7 +55,21 @@ copy_usage(FILE *f)
     "nbd+unix:///NAME?socket=PATH), '-' for stdin/stdout, null: (DST only),\n"
     "or a generated SRC: pattern:SIZE, random:SIZE[:SEED], zero:SIZE,\n"
     "sparse:SIZE[:PERIOD[:DATA]]. A file may be named vhd:PATH or raw:PATH\n"
-    "to give its format.\n\n"
+    "to give its format. DST may also be xapi's: http(s)://HOST[:PORT]/PATH\n"
+    "(a PUT; NBD follows when the answer says 'Transfer-encoding: nbd', else\n"
+    "Chunked frames), chunked+tcp://HOST:PORT or chunked+unix:///PATH.\n\n"
+    "  --dst-protocol P       auto (default), nbd, or chunked (xapi's frames;\n"
+    "                         also into a file or '-'); counted as sent when\n"
+    "                         the socket takes them: there is no reply\n"
+    "  --nbd-export NAME      the export an http(s) DST's NBD session asks for\n"
+    "                         (default: the empty name)\n"
+    "  --tls-certificates DIR https: ca-cert.pem to check the server with\n"
+    "                         (default: the system's trusted CAs)\n"
+    "  --tls-verify-peer false  https: accept any server certificate\n"
+    "  --expect-size BYTES    refuse to start unless SRC has this size\n"
+    "  --base BASE            DST already holds BASE: compare SRC with it\n"
+    "                         first and send only the 1 MiB blocks that\n"
+    "                         differ (sparse_dd's -base)\n"
     "  --src-format FMT       raw, vhd, qcow2 or auto (default for files: auto, by\n"
     "                         the magic; a probed image never opens a\n"
     "                         parent: name the format to allow it)\n"
@@ -86,6 +112,10 @@ copy_usage(FILE *f)
     "                         SIZE x the same count, in all\n"
     "  -T, --threads N        accepted for nbdcopy command lines; no effect\n"
     "  --json                 final report as JSON on stdout\n"
+    "  --retry N[,DELAY]      reconnect a lost NBD connection, N attempts in\n"
+    "                         a row, after DELAY s (1), doubling\n"
+    "  --checkpoint FILE      keep how far DST holds SRC in FILE; rerun to\n"
+    "                         continue (--checkpoint-interval S, 10)\n"
     "\nDiagnostic options (reproduce stock clients; slow on purpose):\n"
     "  --nagle                leave Nagle's algorithm on (no TCP_NODELAY)\n"
     "  --max-requests N       at most N requests in flight over all\n"
@@ -93,7 +123,12 @@ copy_usage(FILE *f)
     "  --split-writes         send each write's header and payload in two\n"
     "                         separate writes\n"
     "  The stock sparse_dd shape is --nagle --max-requests 1 --split-writes\n"
-    "  --connections 1.\n",
+    "  --connections 1.\n"
+    "\nExit status: 0 when every byte landed (and matched, with --verify);\n"
+    "1 on a failure (one line says why); 2 for a usage error (an unknown\n"
+    "option, a bad value, a missing name). SIGINT or SIGTERM stops the\n"
+    "copy with one line saying how far it got, then ends the process by\n"
+    "that signal (a shell shows 130 or 143; a loop of copies stops).\n",
     ENDPOINT_AUTO_CONNECTIONS, ENDPOINT_MAX_CONNECTIONS, COPY_DEFAULT_TIMEOUT);
 }
 
@@ -113,8 +148,47 @@ enum {
   OPT_DST_IS_ZERO, OPT_FLUSH, OPT_NO_FLUSH, OPT_NO_EXTENTS, OPT_NO_ZERO_COPY,
   OPT_VERIFY, OPT_TIMEOUT, OPT_JSON, OPT_NAGLE, OPT_MAX_REQUESTS,
   OPT_SPLIT_WRITES, OPT_SYNCHRONOUS, OPT_QUEUE_SIZE, OPT_SRC_FORMAT,
-  OPT_DST_FORMAT, OPT_IGNORE_CHECKSUMS,
+  OPT_DST_FORMAT, OPT_IGNORE_CHECKSUMS, OPT_DST_PROTOCOL, OPT_NBD_EXPORT,
+  OPT_TLS_CERTIFICATES, OPT_TLS_VERIFY_PEER, OPT_EXPECT_SIZE, OPT_BASE,
 };
+
+/* getopt codes of the resuming options. */
+enum { OPT_RETRY = 512, OPT_CHECKPOINT, OPT_CHECKPOINT_INTERVAL };
+
+/* --retry's wait before its first attempt, its most attempts, and
+ * --checkpoint's interval, when not given. */
+#define COPY_RETRY_DELAY_MS 1000
+#define COPY_RETRY_MAX 1000
+#define COPY_CHECKPOINT_S 10
+
+/* --retry N[,DELAY]: N attempts (1 to COPY_RETRY_MAX), DELAY seconds (a
+ * decimal, 0 to 3600). */
+static int
+copy_parse_retry(const char *v, struct copy_args *a)
+{
+  char *end;
+  errno = 0;
+  unsigned long n = strtoul(v, &end, 10);
+  double d = COPY_RETRY_DELAY_MS / 1000.0;
+  if (errno || end == v || v[0] == '-' || n == 0 || n > COPY_RETRY_MAX)
+    goto bad;
+  if (*end == ',') {
+    const char *ds = end + 1;
+    errno = 0;
+    d = strtod(ds, &end);
+    if (errno || end == ds || !(d >= 0 && d <= 3600))
+      goto bad;
+  }
+  if (*end != '\0')
+    goto bad;
+  a->retry = (unsigned)n;
+  a->retry_delay_ms = (unsigned)(d * 1000 + 0.5);
+  return 0;
+bad:
+  log_error("--retry: N[,DELAY] (N attempts, 1 to %d; DELAY seconds, 0 "
+            "to 3600), not '%s'", COPY_RETRY_MAX, v);
+  return -1;
+}
 
 /* --progress: nothing (a bar), "json", or nbdcopy's file descriptor. */
 static int
@@ -211,6 +285,16 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     { "src-format", required_argument, NULL, OPT_SRC_FORMAT },
     { "dst-format", required_argument, NULL, OPT_DST_FORMAT },
     { "ignore-checksums", no_argument, NULL, OPT_IGNORE_CHECKSUMS },
+    { "retry", required_argument, NULL, OPT_RETRY },
+    { "checkpoint", required_argument, NULL, OPT_CHECKPOINT },
+    { "checkpoint-interval", required_argument, NULL,
+      OPT_CHECKPOINT_INTERVAL },
+    { "dst-protocol", required_argument, NULL, OPT_DST_PROTOCOL },
+    { "expect-size", required_argument, NULL, OPT_EXPECT_SIZE },
+    { "base", required_argument, NULL, OPT_BASE },
+    { "nbd-export", required_argument, NULL, OPT_NBD_EXPORT },
+    { "tls-certificates", required_argument, NULL, OPT_TLS_CERTIFICATES },
+    { "tls-verify-peer", required_argument, NULL, OPT_TLS_VERIFY_PEER },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
   };
@@ -341,6 +425,65 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     case OPT_IGNORE_CHECKSUMS:
       a->ignore_checksums = true;
       break;
+    case OPT_RETRY:
+      if (copy_parse_retry(optarg, a) < 0)
+        return 2;
+      break;
+    case OPT_CHECKPOINT:
+      if (optarg[0] == '\0') {
+        log_error("--checkpoint: a file name, not ''");
+        return 2;
+      }
+      a->checkpoint = optarg;
+      break;
+    case OPT_CHECKPOINT_INTERVAL:
+      if (optarg[0] == '\0' ||
+          optarg[strspn(optarg, "0123456789")] != '\0' ||
+          size_parse(optarg, &v) < 0 || v == 0 || v > 86400) {
+        log_error("--checkpoint-interval: whole seconds, 1 to 86400, not "
+                  "'%s'", optarg);
+        return 2;
+      }
+      a->checkpoint_s = (unsigned)v;
+      break;
+    case OPT_DST_PROTOCOL:
+      if (strcmp(optarg, "auto") == 0)
+        a->dst_protocol = EP_PROTO_AUTO;
+      else if (strcmp(optarg, "nbd") == 0)
+        a->dst_protocol = EP_PROTO_NBD;
+      else if (strcmp(optarg, "chunked") == 0)
+        a->dst_protocol = EP_PROTO_CHUNKED;
+      else {
+        log_error("--dst-protocol: auto, nbd or chunked, not '%s'", optarg);
+        return 2;
+      }
+      break;
+    case OPT_NBD_EXPORT:
+      a->nbd_export = optarg;
+      break;
+    case OPT_BASE:
+      a->base = optarg;
+      break;
+    case OPT_EXPECT_SIZE:
+      if (size_parse(optarg, &a->expect_size) < 0) {
+        log_error("--expect-size: bad size '%s'", optarg);
+        return 2;
+      }
+      a->expect_size_given = true;
+      break;
+    case OPT_TLS_CERTIFICATES:
+      a->tls_certificates = optarg;
+      break;
+    case OPT_TLS_VERIFY_PEER:
+      if (strcmp(optarg, "true") == 0 || strcmp(optarg, "1") == 0)
+        a->no_tls_verify = false;
+      else if (strcmp(optarg, "false") == 0 || strcmp(optarg, "0") == 0)
+        a->no_tls_verify = true;
+      else {
+        log_error("--tls-verify-peer: true or false, not '%s'", optarg);
+        return 2;
+      }
+      break;
     case 'h':
       copy_usage(stdout);
       return 0;
@@ -382,6 +525,13 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     /* The image goes to stdout; a report after it would corrupt it. */
     log_error("--json writes its report to stdout, where DESTINATION '-' "
               "writes the image: use one or the other");
+    return 2;
+  }
+  if (a->checkpoint && (strcmp(a->src, "-") == 0 || strcmp(a->dst, "-") == 0 ||
+                        a->o.no_flush)) {
+    log_error("--checkpoint needs a source and a destination that can be "
+              "written again where it stopped (not '-'), and the flushes "
+              "that --no-flush turns off");
     return 2;
   }
   if (a->verify && (strcmp(a->dst, "null:") == 0 || strcmp(a->dst, "-") == 0 ||
@@ -428,7 +578,8 @@ static void
 copy_report_json(const struct copy_args *a, const struct copy_stats *st,
                  bool verified)
 {
-  double mibs = st->seconds > 0 ? (double)st->done / 1048576.0 / st->seconds
+  double mibs = st->seconds > 0 ? (double)(st->done - st->resumed) /
+                                      1048576.0 / st->seconds
                                 : 0;
   /* Names come from the command line: any bytes at all. */
   fputs("{\"source\": ", stdout);
@@ -444,7 +595,8 @@ copy_report_json(const struct copy_args *a, const struct copy_stats *st,
          "\"peak_inflight_bytes\": %llu, \"peak_depth\": %u, "
          "\"data_path\": \"%s\", \"verified\": %s, "
          "\"diagnostic\": {\"nagle\": %s, \"split_writes\": %s, "
-         "\"max_requests\": %u}%s%s%s%s}\n",
+         "\"max_requests\": %u}, \"reconnects\": %llu, "
+         "\"bytes_resent\": %llu, \"bytes_resumed\": %llu%s%s%s%s}\n",
          (unsigned long long)st->total,
          (unsigned long long)st->copied, (unsigned long long)st->zeroed,
          (unsigned long long)st->skipped, st->seconds, mibs,
@@ -455,7 +607,9 @@ copy_report_json(const struct copy_args *a, const struct copy_stats *st,
          (unsigned long long)st->peak_inflight, st->peak_depth,
          st->data_path ? st->data_path : "buffer", verified ? "true" : "false",
          a->nagle ? "true" : "false", a->split_writes ? "true" : "false",
-         a->o.max_requests, st->tcp_json[0] ? ", \"tcp\": " : "",
+         a->o.max_requests, (unsigned long long)st->reconnects,
+         (unsigned long long)st->resent, (unsigned long long)st->resumed,
+         st->tcp_json[0] ? ", \"tcp\": " : "",
          st->tcp_json,
          st->tcp_json_each[0] ? ", \"tcp_per_connection\": " : "",
          st->tcp_json_each);
@@ -500,6 +654,8 @@ copy_verify(struct copy_args *a, const struct copy_chunks *want,
     goto out;
   struct endpoint_opts eo = { .write = false, .connections = a->connections,
                               .timeout_s = a->o.timeout_s,
+                              .retry = a->retry,
+                              .retry_delay_ms = a->retry_delay_ms,
                               .format = a->dst_format,
                               .format_given = a->dst_format != 0 };
   if (endpoint_open(&s.env, a->dst, &eo, &s.src, err, sizeof err) < 0) {
@@ -560,7 +716,13 @@ copy_dst_format(const struct copy_args *a)
 static uint32_t
 copy_alloc_block(const struct copy_args *a)
 {
-  return image_writer_block(copy_dst_format(a));
+  struct target t;
+  target_parse(a->dst, false, &t);
+  enum image_format f = copy_dst_format(a);
+  /* An existing image is written in place: no table leaves first. */
+  if (t.kind == TARGET_FILE && endpoint_image_exists(t.arg, f))
+    return 0;
+  return image_writer_block(f);
 }
 
 static void
@@ -624,6 +786,98 @@ copy_alloc_scan(const struct copy_args *a, struct copy_session *s,
   return 0;
 }
 
+/* --checkpoint: opens (or starts) the journal for this pair and sets
+ * where the copy begins and how it records its progress. A destination
+ * written as a stream (a VHD or qcow2 writer, Chunked) cannot be
+ * continued. Returns 0, or -1 after the error line. */
+static int
+copy_checkpoint_commit(void *arg, uint64_t below, char *err, size_t errlen)
+{
+  return journal_commit(arg, below, err, errlen);
+}
+
+static int
+copy_checkpoint_open(struct copy_args *a, struct copy_session *s,
+                     uint32_t alloc_block, struct journal **out)
+{
+  char err[512];
+  struct journal_side src, dst;
+  uint64_t done;
+  if (alloc_block || !s->src->size_known ||
+      strcmp(s->dst->ops->kind, "chunked") == 0 ||
+      strcmp(s->dst->ops->kind, "pipe") == 0) {
+    log_error("--checkpoint: %s is written as a stream, which cannot be "
+              "continued where it stopped", a->dst);
+    return -1;
+  }
+  if (journal_side_init(&src, a->src, true, s->src->size, err,
+                        sizeof err) < 0 ||
+      journal_side_init(&dst, a->dst, false, s->dst->size, err,
+                        sizeof err) < 0 ||
+      journal_open(a->checkpoint, &src, &dst, out, &done, err,
+                   sizeof err) < 0) {
+    log_error("%s", err);
+    return -1;
+  }
+  if (done % COPY_CHUNK && done != s->src->size) {
+    /* The engine records whole chunks only: a resumed --verify joins
+     * the digests of the part before. */
+    log_error("--checkpoint %s: offset %llu is not a multiple of %llu",
+              a->checkpoint, (unsigned long long)done,
+              (unsigned long long)COPY_CHUNK);
+    return -1;
+  }
+  if (done)
+    log_info("%s: continuing at byte %llu of %llu", a->checkpoint,
+             (unsigned long long)done, (unsigned long long)s->src->size);
+  a->o.start = done;
+  a->o.checkpoint = copy_checkpoint_commit;
+  a->o.checkpoint_arg = *out;
+  a->o.checkpoint_us = (uint64_t)(a->checkpoint_s ? a->checkpoint_s
+                                                  : COPY_CHECKPOINT_S) *
+                       1000000;
+  return 0;
+}
+
+/* A resumed --verify: the digests of the source before the copy's start,
+ * read now, so that the whole destination is compared at the end. */
+static int
+copy_hash_prefix(const struct copy_args *a, struct copy_session *s,
+                 struct copy_chunks *out)
+{
+  char err[512];
+  struct copy_stats st;
+  struct copy_opts o = { .request_size = a->o.request_size,
+                         .inflight = a->o.inflight, .max_bytes = a->o.start,
+                         .timeout_s = a->o.timeout_s,
+                         .progress = a->o.progress == COPY_PROGRESS_FD
+                                     ? COPY_PROGRESS_NONE : a->o.progress,
+                         .label = "hash", .chunks = out };
+  if (copy_run(&s->env, s->src, NULL, &o, &st, err, sizeof err) < 0) {
+    log_error("reading %s before the resumed part: %s", a->src, err);
+    return -1;
+  }
+  return 0;
+}
+
+/* Appends rest's digests to all's. Returns 0, or -1 after the error. */
+static int
+copy_chunks_join(struct copy_chunks *all, const struct copy_chunks *rest)
+{
+  uint64_t n = all->n + rest->n;
+  uint64_t *d = realloc(all->d, (n ? n : 1) * sizeof *d);
+  if (d == NULL) {
+    log_error("out of memory");
+    return -1;
+  }
+  memcpy(d + all->n, rest->d, rest->n * sizeof *d);
+  all->d = d;
+  all->n = all->cap = n;
+  return 0;
+}
+
+bool copy_peer_error;
+
 int
 cmd_copy(int argc, char **argv)
 {
@@ -633,10 +887,14 @@ cmd_copy(int argc, char **argv)
   int rc = copy_parse(argc, argv, &a);
   if (rc >= 0)
     return rc;
+  if (cmd_check_uri(a.src) < 0 || cmd_check_uri(a.dst) < 0)
+    return 2;
   rc = 1;
   struct copy_session s;
   struct copy_chunks chunks = { 0 };
   struct copy_alloc alloc = { 0 };
+  struct copy_chunks rest = { 0 }; /* a resumed --verify: from start on */
+  struct journal *journal = NULL;
   struct copy_stats st;
   char err[512];
   if (copy_session_open(&s) < 0)
@@ -646,11 +904,41 @@ cmd_copy(int argc, char **argv)
                               .nagle = a.nagle,
                               .split_writes = a.split_writes,
                               .timeout_s = a.o.timeout_s,
+                              .retry = a.retry,
+                              .retry_delay_ms = a.retry_delay_ms,
                               .format = a.src_format,
                               .format_given = a.src_format_given,
                               .ignore_checksums = a.ignore_checksums };
   if (endpoint_open(&s.env, a.src, &so, &s.src, err, sizeof err) < 0) {
     log_error("%s", err);
+    goto out;
+  }
+  if (a.base) {
+    /* DST holds BASE: only the blocks where SRC differs are sent, data
+     * whole (a changed block of zeroes is written too), the rest skipped
+     * as a destination that already reads right. */
+    struct endpoint *base, *delta;
+    if (endpoint_open(&s.env, a.base, &so, &base, err, sizeof err) < 0) {
+      log_error("--base: %s", err);
+      goto out;
+    }
+    if (endpoint_open_delta(&s.env, s.src, base, &delta, err,
+                            sizeof err) < 0) {
+      s.src = NULL; /* closed with the base */
+      log_error("%s", err);
+      goto out;
+    }
+    s.src = delta;
+    a.o.dst_is_zero = true;
+    a.o.no_zero_detect = true;
+    log_info("--base %s: %llu bytes differ", a.base,
+             (unsigned long long)endpoint_delta_changed(delta));
+  }
+  if (a.expect_size_given &&
+      (!s.src->size_known || s.src->size != a.expect_size)) {
+    log_error("%s is %llu bytes, not the %llu that --expect-size says: "
+              "nothing copied", a.src, (unsigned long long)s.src->size,
+              (unsigned long long)a.expect_size);
     goto out;
   }
   uint32_t alloc_block = copy_alloc_block(&a);
@@ -662,11 +950,16 @@ cmd_copy(int argc, char **argv)
     .dense = a.o.no_zero_detect,
     .nagle = a.nagle, .split_writes = a.split_writes,
     .timeout_s = a.o.timeout_s,
+    .retry = a.retry, .retry_delay_ms = a.retry_delay_ms,
     .create_size = s.src->size_known ? s.src->size : UINT64_MAX,
     .format = a.dst_format,
     .format_given = a.dst_format != IMAGE_FORMAT_AUTO,
     .alloc = alloc.bits,
     .alloc_block = alloc.block,
+    .protocol = a.dst_protocol,
+    .nbd_export = a.nbd_export,
+    .tls_certificates = a.tls_certificates,
+    .no_tls_verify = a.no_tls_verify,
   };
   if (endpoint_open(&s.env, a.dst, &dopt, &s.dst, err, sizeof err) < 0) {
     log_error("%s", err);
@@ -678,13 +971,31 @@ cmd_copy(int argc, char **argv)
               (unsigned long long)s.src->size);
     goto out;
   }
+  if (strcmp(s.dst->ops->kind, "chunked") == 0 &&
+      (a.verify || a.o.no_flush)) {
+    /* Frames have no reply and no read-back; the end marker is the
+     * final flush. */
+    log_error("%s: %s", a.dst, a.verify
+                  ? "a Chunked stream cannot be read back to verify: check "
+                    "the receiver's copy (nbdflow sum)"
+                  : "--no-flush would leave the Chunked stream without its "
+                    "end marker");
+    rc = 2;
+    goto out;
+  }
   copy_per_connection(&a, s.src, s.dst);
+  if (a.checkpoint && copy_checkpoint_open(&a, &s, alloc_block, &journal) < 0)
+    goto out;
+  if (a.verify && a.o.start && copy_hash_prefix(&a, &s, &chunks) < 0)
+    goto out;
   if (a.verify)
-    a.o.chunks = &chunks;
+    a.o.chunks = a.o.start ? &rest : &chunks;
   if (copy_run(&s.env, s.src, s.dst, &a.o, &st, err, sizeof err) < 0) {
     log_error("%s", err);
     goto out;
   }
+  if (a.o.chunks == &rest && copy_chunks_join(&chunks, &rest) < 0)
+    goto out;
   if (!s.src->size_known && s.dst->size_known &&
       copy_input_left(a.dst, s.dst->size) != 0)
     goto out;
@@ -701,10 +1012,14 @@ cmd_copy(int argc, char **argv)
     (void)dprintf(a.o.progress_fd, "100/100\n");
   rc = 0;
 out:
-  if (rc != 0 && copy_signal())
-    rc = 128 + copy_signal(); /* as a shell reports it */
+  copy_peer_error = rc != 0 && ((s.src && s.src->peer_error) ||
+                                (s.dst && s.dst->peer_error));
   copy_chunks_free(&chunks);
+  copy_chunks_free(&rest);
   copy_session_close(&s);
+  journal_free(journal);
   free(alloc.bits);
+  if (rc != 0 && copy_signal())
+    cmd_die_by_signal(copy_signal()); /* so that a calling loop stops */
   return rc;
 }

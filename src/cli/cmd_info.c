@@ -32,6 +32,8 @@ struct info_args {
   FILE *out;
   const char *target;
   bool json, map, list;
+  bool check;         /* --check: the image's structures */
+  bool check_dirty;   /* --check found errors: the report still shows */
   unsigned timeout_s; /* per block status request; 0: wait forever */
   enum image_format format; /* -f; a vhd: or raw: prefix wins */
   bool ignore_checksums;
@@ -578,6 +580,61 @@ info_nbd_image(const struct info_args *a)
   return r < 0 ? 1 : 0;
 }
 
+static void
+info_check_report(void *ctx, bool error, const char *msg)
+{
+  fprintf(ctx, "\t%s: ", error ? "error" : "note");
+  info_text_str(ctx, msg);
+  fputc('\n', ctx);
+}
+
+/* --check of an image file: one line per finding, then the verdict; 0
+ * when clean (notes such as lost space allowed), 1 otherwise. */
+static int
+info_check(struct info_args *a)
+{
+  struct target t;
+  target_parse(a->target, false, &t);
+  if (t.kind != TARGET_FILE || uri_is_uri(a->target))
+    t.arg = a->target;
+  struct image_opts io = {
+    .format = t.format_given ? t.format : a->format,
+    .format_given = t.format_given || a->format != IMAGE_FORMAT_AUTO,
+    .check = true,
+  };
+  struct image *img;
+  char err[512];
+  int r = image_open(t.arg, &io, &img, err, sizeof err);
+  if (r < 0) {
+    log_error("%s", err);
+    return 1;
+  }
+  if (img == NULL || img->ops->check == NULL) {
+    log_error("--check: %s is %s, which has no tables to check", t.arg,
+              img ? img->ops->name : "a raw file");
+    image_close(img);
+    return 1;
+  }
+  struct image_check c = { .report = info_check_report, .ctx = a->out };
+  fprintf(a->out, "check: %s\n\tformat: %s\n", a->target, img->ops->name);
+  r = img->ops->check(img, &c);
+  image_close(img);
+  if (r < 0) {
+    log_error("--check: reading %s: %s", t.arg, strerror(-r));
+    return 1;
+  }
+  fprintf(a->out, "\tlost-bytes: %llu\n\tresult: ",
+          (unsigned long long)c.lost);
+  if (c.errors == 0) {
+    fprintf(a->out, "clean\n");
+    return 0;
+  }
+  fprintf(a->out, "%llu error%s\n", (unsigned long long)c.errors,
+          c.errors == 1 ? "" : "s");
+  a->check_dirty = true;
+  return 1;
+}
+
 static int
 info_file(const struct info_args *a)
 {
@@ -640,14 +697,17 @@ static void
 info_usage(FILE *f)
 {
   fprintf(f,
-          "Usage: nbdflow info [-f FMT] [--json] [--map] [--list] [--timeout SECONDS]\n"
-          "                    TARGET\n\n"
+          "Usage: nbdflow info [-f FMT] [--json] [--map] [--list] [--check]\n"
+          "                    [--timeout SECONDS] TARGET\n\n"
           "TARGET is an NBD URI (nbd://HOST[:PORT]/EXPORT,\n"
           "nbd+unix:///EXPORT?socket=PATH) or a local file or block device\n"
           "(vhd:PATH, qcow2:PATH or raw:PATH gives its format).\n\n"
           "  -f, --format FMT  raw, vhd, qcow2 or auto (default: auto, by the\n"
           "           magic; a probed image never opens a parent)\n"
           "  --ignore-checksums  read an image whose checksums are wrong\n"
+          "  --check  check an image file's structures (a VHD's footers,\n"
+          "           BAT, bitmaps, overlaps, lost space); exit status 0\n"
+          "           when it is clean\n"
           "  --json   machine-readable output\n"
           "  --map    print the allocation map (base:allocation or\n"
           "           SEEK_DATA/SEEK_HOLE) instead of the summary\n"
@@ -656,7 +716,11 @@ info_usage(FILE *f)
           "  --timeout SECONDS  with --map: fail when a block status\n"
           "           request gets no reply for this long (default %d,\n"
           "           0: wait forever); connecting and the handshake\n"
-          "           wait at most this, and 30 s at most\n",
+          "           wait at most this, and 30 s at most\n\n"
+          "Exit status: 0 when the report is printed (with --check: the\n"
+          "image is clean); 1 on a failure, or an image --check finds\n"
+          "damaged (one line says why); 2 for a usage error (an unknown\n"
+          "option, a bad value, no TARGET).\n",
           COPY_DEFAULT_TIMEOUT);
 }
 
@@ -717,7 +781,8 @@ cmd_info(int argc, char **argv)
     { "list", no_argument, NULL, 'l' }, { "help", no_argument, NULL, 'h' },
     { "timeout", required_argument, NULL, 'T' },
     { "format", required_argument, NULL, 'f' },
-    { "ignore-checksums", no_argument, NULL, 'I' }, { NULL, 0, NULL, 0 },
+    { "ignore-checksums", no_argument, NULL, 'I' },
+    { "check", no_argument, NULL, 'C' }, { NULL, 0, NULL, 0 },
   };
   struct info_args a = { .timeout_s = COPY_DEFAULT_TIMEOUT };
   int ch;
@@ -732,6 +797,9 @@ cmd_info(int argc, char **argv)
       break;
     case 'I':
       a.ignore_checksums = true;
+      break;
+    case 'C':
+      a.check = true;
       break;
     case 'j':
       a.json = true;
@@ -757,9 +825,16 @@ cmd_info(int argc, char **argv)
     return cmd_usage_error("info", optind == argc ? "no TARGET given"
                                                   : "one TARGET only");
   a.target = argv[optind];
+  if (cmd_check_uri(a.target) < 0)
+    return 2;
   if (a.list && uri_is_uri(a.target) && a.format > IMAGE_FORMAT_RAW) {
     log_error("--list shows the server's exports: -f %s reads one",
               image_format_name(a.format));
+    return 2;
+  }
+  if (a.check && (a.list || a.map || a.json || uri_is_uri(a.target))) {
+    log_error("--check checks an image file, alone: not with --list, "
+              "--map, --json or an NBD URI");
     return 2;
   }
   if (a.list && a.map) {
@@ -774,12 +849,15 @@ cmd_info(int argc, char **argv)
              "comes", dir, strerror(errno));
     a.out = stdout;
   }
-  int rc = !uri_is_uri(a.target)          ? info_file(&a)
+  int rc = a.check                        ? info_check(&a)
+           : !uri_is_uri(a.target)        ? info_file(&a)
            : a.format > IMAGE_FORMAT_RAW ? info_nbd_image(&a)
                                          : info_nbd(&a);
   if (a.out != stdout) {
-    if (rc == 0)
-      rc = info_flush_spool(a.out, dir);
+    if (rc == 0 || a.check_dirty) {
+      int f = info_flush_spool(a.out, dir);
+      rc = f ? f : rc;
+    }
     fclose(a.out);
   }
   if (fflush(stdout) != 0 || ferror(stdout)) {

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli/cmd.h"
+#include "net/sock.h"
 #include "proto/nbd.h"
 #include "server/server.h"
 #include "util/log.h"
@@ -18,10 +19,10 @@ serve_usage(FILE *f)
 "Serve each TARGET as an NBD export. TARGET is a file or block device,\n"
 "memory:SIZE (a RAM disk, zeroed) or null:SIZE (reads zeroes, discards\n"
 "writes). SIZE takes K, M, G, T suffixes (powers of 1024). A dynamic\n"
-"VHD or a qcow2 is found by its magic and served read-only, its virtual\n"
-"disk with its holes; vhd:PATH or qcow2:PATH names the format, which a\n"
-"fixed VHD and a chain need (a probed image never opens a parent), and\n"
-"raw:PATH serves the file as it is. The first\n"
+"VHD or a qcow2 is found by its magic and served as its virtual disk with\n"
+"its holes (a VHD read-write, a qcow2 read-only); vhd:PATH or qcow2:PATH\n"
+"names the format, which a fixed VHD and a chain need (a probed image\n"
+"never opens a parent), and raw:PATH serves the file as it is. The first\n"
 "export is also the default export (the empty name); an export without\n"
 "NAME= is named by TARGET as written.\n"
 "\n"
@@ -29,6 +30,14 @@ serve_usage(FILE *f)
 "  -l, --listen HOST:PORT     TCP address (default 127.0.0.1:10809;\n"
 "                             IPv6 as [::1]:10809)\n"
 "  -u, --unix PATH            listen on a Unix socket instead\n"
+"      --http HOST:PORT       also take xapi's uploads over HTTP (HTTPS with\n"
+"                             --tls-certs): PUT /import_raw_vdi?vdi=NAME\n"
+"                             (a Chunked or raw body into export NAME) and\n"
+"                             PUT /nbd/NAME (answered with Transfer-encoding:\n"
+"                             nbd, then NBD on the same connection)\n"
+"      --chunked-listen HOST:PORT\n"
+"                             also take raw Chunked streams, one per\n"
+"                             connection, into the default export\n"
 "  -r, --read-only            serve every export read-only\n"
 "      --ignore-checksums     serve images whose checksums are wrong\n"
 "      --max-connections N    refuse connections beyond N (default: no limit)\n"
@@ -57,7 +66,11 @@ serve_usage(FILE *f)
 "\n"
 "Sockets passed by a service manager (LISTEN_FDS) replace --listen.\n"
 "SIGTERM/SIGINT: stop accepting, answer requests in flight (at most 5 s),\n"
-"then exit; a second signal exits at once.\n",
+"then exit; a second signal exits at once.\n"
+"\n"
+"Exit status: 0 after a stop by SIGTERM or SIGINT; 1 when an export\n"
+"cannot be opened or the address cannot be listened on;\n"
+"2 for a usage error (an unknown option, a bad value, no export).\n",
           SERVER_DEFAULT_INFLIGHT, SERVER_CONN_BUDGET >> 20, SERVER_MAX_LOOPS);
 }
 
@@ -67,8 +80,8 @@ serve_int(const char *opt, const char *arg, int min, int max, int *out)
   char *end;
   long v = strtol(arg, &end, 10);
   if (*arg == '\0' || *end || v < min || v > max) {
-    fprintf(stderr, "nbdflow serve: %s: \"%s\" is not a number from %d to "
-            "%d\n", opt, arg, min, max);
+    log_error("%s: \"%s\" is not a number from %d to %d", opt, arg, min,
+              max);
     return -1;
   }
   *out = (int)v;
@@ -85,8 +98,27 @@ serve_tls_mode(const char *arg, enum tls_mode *mode)
   else if (strcmp(arg, "require") == 0)
     *mode = TLS_REQUIRE;
   else {
-    fprintf(stderr, "nbdflow serve: --tls: \"%s\" is not off, on or "
-            "require\n", arg);
+    log_error("--tls: \"%s\" is not off, on or require", arg);
+    return -1;
+  }
+  return 0;
+}
+
+/* A --listen address that cannot be one is a usage error, said before
+ * any export is opened; one that does not resolve is found by listening. */
+static int
+serve_listen_check(const char *spec)
+{
+  char host[256], port[32], *end;
+  if (sock_split_hostport(spec, host, port, "10809") < 0) {
+    log_error("bad --listen address \"%s\": want HOST:PORT, [IPV6]:PORT "
+              "or HOST", spec);
+    return -1;
+  }
+  unsigned long pn = strtoul(port, &end, 10);
+  if (port[0] < '0' || port[0] > '9' || *end || pn > 65535) {
+    log_error("bad --listen address \"%s\": the port must be a number "
+              "from 0 to 65535 (0: any free port)", spec);
     return -1;
   }
   return 0;
@@ -99,18 +131,18 @@ serve_tls_check(const struct server_config *cfg)
 {
   bool creds = cfg->tls.certs_dir || cfg->tls.psk_file;
   if (cfg->tls_mode != TLS_OFF && !creds) {
-    fprintf(stderr, "nbdflow serve: --tls=%s needs --tls-certs DIR or "
-            "--tls-psk FILE\n", cfg->tls_mode == TLS_ON ? "on" : "require");
+    log_error("--tls=%s needs --tls-certs DIR or --tls-psk FILE",
+              cfg->tls_mode == TLS_ON ? "on" : "require");
     return -1;
   }
   if (cfg->tls_mode == TLS_OFF && (creds || cfg->tls.verify_peer)) {
-    fprintf(stderr, "nbdflow serve: TLS credentials or --tls-verify-peer "
-            "given, but TLS is off: add --tls=on or --tls=require\n");
+    log_error("TLS credentials or --tls-verify-peer given, but TLS is "
+              "off: add --tls=on or --tls=require");
     return -1;
   }
   if (cfg->tls.verify_peer && cfg->tls.certs_dir == NULL) {
-    fprintf(stderr, "nbdflow serve: --tls-verify-peer checks X.509 client "
-            "certificates: it needs --tls-certs DIR\n");
+    log_error("--tls-verify-peer checks X.509 client certificates: it "
+              "needs --tls-certs DIR");
     return -1;
   }
   return 0;
@@ -121,12 +153,14 @@ cmd_serve(int argc, char **argv)
 {
   enum { OPT_MAXCONN = 256, OPT_INFLIGHT, OPT_HSTIMEOUT, OPT_THREADS,
          OPT_LOOPS, OPT_STATS, OPT_TLS, OPT_TLS_CERTS, OPT_TLS_PSK, OPT_TLS_VERIFY,
-         OPT_IGNORE_CHECKSUMS };
+         OPT_IGNORE_CHECKSUMS, OPT_HTTP, OPT_CHUNKED_LISTEN };
   static const struct option opts[] = {
     { "listen", required_argument, NULL, 'l' },
     { "unix", required_argument, NULL, 'u' },
     { "read-only", no_argument, NULL, 'r' },
     { "ignore-checksums", no_argument, NULL, OPT_IGNORE_CHECKSUMS },
+    { "http", required_argument, NULL, OPT_HTTP },
+    { "chunked-listen", required_argument, NULL, OPT_CHUNKED_LISTEN },
     { "max-connections", required_argument, NULL, OPT_MAXCONN },
     { "max-inflight", required_argument, NULL, OPT_INFLIGHT },
     { "handshake-timeout", required_argument, NULL, OPT_HSTIMEOUT },
@@ -162,6 +196,12 @@ cmd_serve(int argc, char **argv)
       break;
     case 'r':
       cfg.read_only = true;
+      break;
+    case OPT_HTTP:
+      cfg.http_listen = optarg;
+      break;
+    case OPT_CHUNKED_LISTEN:
+      cfg.chunked_listen = optarg;
       break;
     case OPT_IGNORE_CHECKSUMS:
       cfg.ignore_checksums = true;
@@ -226,9 +266,11 @@ cmd_serve(int argc, char **argv)
   if (optind >= argc)
     return cmd_usage_error("serve", "no export given");
   if (cfg.listen && cfg.unix_path) {
-    fprintf(stderr, "nbdflow serve: --listen and --unix exclude each other\n");
+    log_error("--listen and --unix exclude each other");
     return 2;
   }
+  if (cfg.listen && serve_listen_check(cfg.listen) < 0)
+    return 2;
   if (serve_tls_check(&cfg) < 0)
     return 2;
   return server_run(&cfg, argv + optind, argc - optind);

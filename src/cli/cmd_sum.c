@@ -31,7 +31,10 @@ sum_usage(FILE *f)
           "(default xxh128, the fastest; sha256 equals sha256sum).\n"
           "--timeout: fail when an NBD server answers none of its requests\n"
           "in flight for this long (default %d, 0: wait forever); connecting\n"
-          "and the handshake wait at most this, and 30 s at most.\n",
+          "and the handshake wait at most this, and 30 s at most.\n"
+          "Exit status: 0 when the digest is printed; 1 on a failure (one\n"
+          "line says why); 2 for a usage error; a SIGINT or SIGTERM ends it\n"
+          "by that signal, after one line (a shell shows 130 or 143).\n",
           hash_names(), COPY_DEFAULT_TIMEOUT);
 }
 
@@ -103,6 +106,8 @@ cmd_sum(int argc, char **argv)
     return cmd_usage_error("sum", optind == argc ? "no SRC given"
                                                  : "one SRC only");
   const char *spec = argv[optind];
+  if (cmd_check_uri(spec) < 0)
+    return 2;
   int rc = 1;
   char err[512];
   struct hash_ctx h = { 0 };
@@ -131,8 +136,6 @@ cmd_sum(int argc, char **argv)
   struct copy_stats st;
   if (copy_run(&env, src, NULL, &o, &st, err, sizeof err) < 0) {
     log_error("%s", err);
-    if (copy_signal())
-      rc = 128 + copy_signal();
     goto out;
   }
   uint8_t d[HASH_MAX_DIGEST];
@@ -146,5 +149,7 @@ out:
     ep_env_fini(&env);
   endpoint_close(src);
   loop_free(loop);
+  if (rc != 0 && copy_signal())
+    cmd_die_by_signal(copy_signal());
   return rc;
 }

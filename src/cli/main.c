@@ -1,11 +1,14 @@
 /* main.c: the subcommand table. */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cmd.h"
 #include "util/log.h"
+#include "util/uri.h"
 
 struct command {
   const char *name;
@@ -18,6 +21,8 @@ static const struct command commands[] = {
   { "copy", cmd_copy, "copy an image between files and NBD servers" },
   { "info", cmd_info, "show an export's size, flags and allocation map" },
   { "sum", cmd_sum, "checksum the whole content of an image" },
+  { "sparse_dd", cmd_sparse_dd,
+    "xapi's sparse_dd command line, run as a copy" },
 };
 
 static void
@@ -44,12 +49,47 @@ run(int argc, char **argv)
     printf("nbdflow 0.1.0\n");
     return 0;
   }
-  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-    if (strcmp(argv[1], commands[i].name) == 0)
-      return commands[i].fn(argc - 1, argv + 1);
-  fprintf(stderr, "nbdflow: unknown command '%s'\n", argv[1]);
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+    if (strcmp(argv[1], commands[i].name) != 0)
+      continue;
+    /* Every line the command prints, getopt's too (it names argv[0]),
+     * starts "nbdflow COMMAND:". */
+    static char prefix[32];
+    snprintf(prefix, sizeof prefix, "nbdflow %s", commands[i].name);
+    log_prefix = prefix;
+    argv[1] = prefix;
+    return commands[i].fn(argc - 1, argv + 1);
+  }
+  log_error("unknown command '%s'", argv[1]);
   usage(stderr);
   return 2;
+}
+
+int
+cmd_check_uri(const char *spec)
+{
+  struct nbd_uri u;
+  char err[256];
+  if (!uri_is_uri(spec) || strncmp(spec, "nbd", 3) != 0)
+    return 0;
+  if (uri_parse(spec, &u, err, sizeof err) < 0) {
+    log_error("%s", err); /* it names the URI */
+    return -1;
+  }
+  uri_free(&u);
+  return 0;
+}
+
+void
+cmd_die_by_signal(int sig)
+{
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, sig);
+  signal(sig, SIG_DFL);
+  pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+  raise(sig);
+  _exit(128 + sig); /* only if the signal could not end us */
 }
 
 /* A report or digest that could not be written (a full disk, a closed
@@ -68,6 +108,12 @@ int
 main(int argc, char **argv)
 {
   signal(SIGPIPE, SIG_IGN);
+  /* A write that fails in the middle leaves no errno to report at the
+   * end (stdio keeps only a flag): a help or a report held whole until
+   * the final flush fails there, naming its reason. */
+  static char outbuf[1 << 16]; /* glibc sizes its own by st_blksize */
+  if (!isatty(STDOUT_FILENO))
+    setvbuf(stdout, outbuf, _IOFBF, sizeof outbuf);
   int rc = run(argc, argv);
   /* A command that failed has said why already. */
   if (rc == 0 && stdout_close() < 0)

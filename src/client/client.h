@@ -27,6 +27,7 @@
 #ifndef NBDFLOW_CLIENT_CLIENT_H
 #define NBDFLOW_CLIENT_CLIENT_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -43,6 +44,21 @@
 #define CLIENT_KEEP_SCRATCH (64u << 10) /* a larger scratch is freed */
 #define CLIENT_MAX_OPT_REPLY (64u << 10)  /* one option reply payload */
 #define CLIENT_MAX_SPANS 4096  /* separate pieces of one READ's reply */
+
+/* An NBD connection that starts as an HTTP(S) PUT (xapi's nbdproxy and
+ * import URLs): see client/http.c. */
+struct http_url;
+struct client_conn;
+struct client_http {
+  const struct http_url *url;
+  bool chunked_cookie;    /* send "Cookie: chunked=true" */
+  bool need_nbd;          /* an answer without Transfer-Encoding: nbd is
+                           * an error; else the connection moves to body */
+  struct client_conn *body; /* !need_nbd: receives the connection (fd
+                             * >= 0) when the answer expects a body */
+  bool tls_start;         /* https: TLS from the first byte */
+  struct tls_client_config tls; /* https: the peer check */
+};
 
 struct client_opts {
   const char *export_name;  /* "" for the default export */
@@ -68,6 +84,10 @@ struct client_opts {
    * its own lock) to abandon the connect or the handshake. */
   void (*on_socket)(void *arg, int fd);
   void *on_socket_arg;
+  /* Optional: a PUT comes first (https: inside TLS from the first byte,
+   * with tls_creds from the caller); the NBD handshake follows only on an
+   * answer with Transfer-Encoding: nbd. */
+  const struct client_http *http;
 };
 
 /* The connect and handshake limit of a command with the given timeout in
@@ -183,6 +203,10 @@ struct client_conn {
   struct client_info info;
   char errmsg[256];      /* why the handshake or the connection failed */
   int fatal;             /* sticky errno once the connection is dead */
+  bool lost;             /* it died of its transport (a reset, an EOF, a
+                          * TLS failure, client_abort), not of a protocol
+                          * violation: the same requests may be sent
+                          * again on a new connection */
   bool send_broken;      /* a send failed: reading what came, then dying */
 
   /* Transmission state, private. */
@@ -222,6 +246,13 @@ int client_tls_load(const struct nbd_uri *u, struct tls_creds **out,
  * sentence in c->errmsg. On failure the connection is already closed. */
 int client_connect(struct client_conn *c, const struct nbd_uri *u,
                    const struct client_opts *o);
+/* client_connect returns this when o->http's answer expects a body: the
+ * connection (socket, transport, TLS) was moved to o->http->body. */
+#define CLIENT_HTTP_BODY (-EPROTONOSUPPORT)
+/* The PUT on c's fresh socket (client/http.c): 0 when the answer hands
+ * over to NBD, 1 when it expects a body, or -errno with c->errmsg. */
+int client_http_put(struct client_conn *c, const struct client_http *h,
+                    const struct tls_creds *creds, int timeout_ms);
 /* Sends DISC when the connection is healthy and idle, then closes and
  * frees everything. In-flight requests are not called back. */
 void client_close(struct client_conn *c);
@@ -229,6 +260,11 @@ void client_close(struct client_conn *c);
 /* Ends the transport (TLS close_notify, shutdown(2)) and closes the
  * socket, sending nothing; what the handshake learnt stays. */
 void client_drop_socket(struct client_conn *c);
+
+/* Ends a live connection as if its transport had died with err (a
+ * watchdog's ETIMEDOUT, a caller about to reconnect): every in-flight
+ * request is called back with err, and c->lost is set. Returns -err. */
+int client_abort(struct client_conn *c, int err, const char *why);
 
 /* Queues a request and tries to send it now. Returns 0, or -errno when the
  * request is invalid for this export (nothing is queued then) or the

@@ -69,21 +69,26 @@ hs_send(struct hs *h, const void *buf, size_t len, int flags)
   return 0;
 }
 
+/* Says why a read of the handshake failed with r (-errno). */
 static int
-hs_recv(struct hs *h, void *buf, size_t len)
+hs_recv_failed(struct hs *h, int r)
 {
-  int r = transport_recv_all(&h->c->tp, buf, len, hs_left(h));
   /* Under TLS 1.3 a server checks our certificate after our side of the
    * TLS handshake is over, so its refusal arrives here, as an alert. */
   const char *alert = r < 0 ? tls_peer_alert(&h->c->tp) : NULL;
   if (alert != NULL)
     return hs_fail(h, r, "handshake: the server ended the TLS session "
                    "with a fatal alert: %s", alert);
-  if (r < 0)
-    return hs_fail(h, r, "handshake: %s",
-                   r == -ECONNRESET ? "server closed the connection"
-                                    : strerror(-r));
-  return 0;
+  return hs_fail(h, r, "handshake: %s",
+                 r == -ECONNRESET ? "server closed the connection"
+                                  : strerror(-r));
+}
+
+static int
+hs_recv(struct hs *h, void *buf, size_t len)
+{
+  int r = transport_recv_all(&h->c->tp, buf, len, hs_left(h));
+  return r < 0 ? hs_recv_failed(h, r) : 0;
 }
 
 /* Sends one option: header corked onto its data. */
@@ -136,6 +141,12 @@ hs_reply_error(struct hs *h, uint32_t opt, const struct wire_opt_reply *rep)
           : -EINVAL;
   h->in_step = true;
   char why[LOG_ESCAPE_BUF]; /* the server's text, made safe to print */
+  if (rep->type == NBD_REP_ERR_TLS_REQD && !h->u->tls)
+    return hs_fail(h, err, "the server requires TLS: use an nbds:// URI "
+                   "(with ?tls-certificates=DIR or ?tls-psk-file=FILE); it "
+                   "refused %s in clear: %s%s%s", wire_opt_name(opt),
+                   wire_rep_name(rep->type), rep->length ? ": " : "",
+                   log_escape(why, h->payload, rep->length));
   return hs_fail(h, err, "server refused %s: %s%s%s", wire_opt_name(opt),
                  wire_rep_name(rep->type), rep->length ? ": " : "",
                  log_escape(why, h->payload, rep->length));
@@ -163,11 +174,18 @@ hs_simple_opt(struct hs *h, uint32_t opt)
                  wire_opt_name(opt), wire_rep_name(rep.type), rep.type);
 }
 
+/* What a LIST may make us keep: names are strings (at most
+ * NBD_MAX_STRING bytes, §Conventions), and all of them together at most
+ * this, far beyond any real server's list; a server could otherwise hold
+ * 100000 replies of 64 KiB over us. */
+#define HS_MAX_LIST_BYTES (16u << 20)
+
 static int
 hs_list(struct hs *h)
 {
   struct client_info *in = &h->c->info;
   struct wire_opt_reply rep;
+  size_t kept = 0;
   int r = hs_send_opt(h, NBD_OPT_LIST, NULL, 0);
   for (unsigned n = 0; r == 0 && n < 100000; n++) {
     r = hs_recv_reply(h, NBD_OPT_LIST, &rep);
@@ -183,6 +201,14 @@ hs_list(struct hs *h)
     if (rep.type != NBD_REP_SERVER ||
         wire_decode_rep_server(h->payload, rep.length, &srv) < 0)
       return hs_fail(h, -EPROTO, "handshake: malformed LIST reply");
+    if (srv.name_len > NBD_MAX_STRING)
+      return hs_fail(h, -EPROTO, "handshake: LIST name of %u bytes, longer "
+                     "than a string may be (%d)", (unsigned)srv.name_len,
+                     NBD_MAX_STRING);
+    kept += srv.name_len + sizeof(char *);
+    if (kept > HS_MAX_LIST_BYTES)
+      return hs_fail(h, -EPROTO, "handshake: LIST names beyond %u bytes "
+                     "in all", HS_MAX_LIST_BYTES);
     char **v = realloc(in->exports, (in->nexports + 1) * sizeof *v);
     if (v == NULL)
       return hs_fail(h, -ENOMEM, "out of memory");
@@ -550,15 +576,78 @@ hs_newstyle(struct hs *h)
   return r;
 }
 
+/* A peer that is not an NBD server, named by the bytes it sent first
+ * (b, n of them) when they begin a protocol a wrong host or port often
+ * reaches; NULL otherwise. */
+static const char *
+hs_foreign_peer(const uint8_t *b, size_t n)
+{
+  if (n >= 5 && memcmp(b, "HTTP/", 5) == 0)
+    return "an HTTP server";
+  if (n >= 4 && memcmp(b, "SSH-", 4) == 0)
+    return "an SSH server";
+  return NULL;
+}
+
+/* A greeting that does not start with the magic: what the peer is, with
+ * the bytes it sent (up to 16; a few more are waited for, briefly, when
+ * fewer than a protocol's banner came). */
+static int
+hs_bad_greeting(struct hs *h, uint8_t b[16], size_t have)
+{
+  if (have < 5) {
+    int left = hs_left(h);
+    int ms = left < 0 || left > 200 ? 200 : left;
+    if (transport_recv_all(&h->c->tp, b + have, 5 - have, ms) == 0)
+      have = 5;
+  }
+  ssize_t n = have == 5 ? h->c->tp.ops->recv(&h->c->tp, b + 5, 11) : 0;
+  if (n > 0) /* what else has come: shown, not waited for */
+    have += (size_t)n;
+  char seen[LOG_ESCAPE_BUF];
+  log_escape(seen, b, have);
+  const char *what = hs_foreign_peer(b, have);
+  if (what)
+    return hs_fail(h, -EPROTO, "the peer is %s, not an NBD server (it sent "
+                   "\"%s\")", what, seen);
+  return hs_fail(h, -EPROTO, "not an NBD server (bad greeting magic: it "
+                 "sent \"%s\")", seen);
+}
+
+/* Reads the server's 16 greeting bytes. The magic is checked byte by
+ * byte as it arrives, so that a peer speaking another protocol is named
+ * at once; a peer that sends nothing at all (an HTTP server waits for a
+ * request) is named when the time limit ends. */
+static int
+hs_recv_greeting(struct hs *h, uint8_t b[16])
+{
+  uint8_t magic[8];
+  wire_put64(magic, NBD_INIT_PASSWD);
+  for (size_t have = 0; have < 8; have++) {
+    int r = transport_recv_all(&h->c->tp, b + have, 1, hs_left(h));
+    if (r == -ETIMEDOUT && h->o->timeout_ms >= 0)
+      return hs_fail(h, r, "handshake: no NBD greeting within %d s%s: the "
+                     "peer may not be an NBD server (an NBD server speaks "
+                     "first)", (h->o->timeout_ms + 999) / 1000,
+                     have ? " (only part of one)" : "");
+    if (r == -ECONNRESET)
+      return hs_fail(h, r, "handshake: the peer closed the connection "
+                     "without %s NBD greeting", have ? "a whole" : "an");
+    if (r < 0)
+      return hs_recv_failed(h, r);
+    if (b[have] != magic[have])
+      return hs_bad_greeting(h, b, have + 1);
+  }
+  return hs_recv(h, b + 8, 8);
+}
+
 static int
 hs_run(struct hs *h)
 {
   uint8_t b[16];
-  int r = hs_recv(h, b, 16);
+  int r = hs_recv_greeting(h, b);
   if (r < 0)
     return r;
-  if (wire_get64(b) != NBD_INIT_PASSWD)
-    return hs_fail(h, -EPROTO, "not an NBD server (bad greeting magic)");
   if (wire_get64(b + 8) == NBD_CLISERV_MAGIC && h->u->tls)
     return hs_fail(h, -EACCES, "oldstyle server: it cannot do TLS, and an "
                    "nbds URI never continues in clear");
@@ -617,6 +706,35 @@ hs_fix_block_sizes(struct client_info *in)
     in->pref_block /= 2;
 }
 
+/* The export's size, before anything is read or written for it: one
+ * past 2^63-1 is no disk's (off_t, and so every file and device, stops
+ * there; nbdkit and qemu-nbd serve no more), and reading it as real fills
+ * a destination without end. One that is not a multiple of the minimum
+ * block size leaves its last bytes out of reach (§Size constraints: the
+ * size "SHOULD be an integer multiple of that block size, since
+ * otherwise, the client would be unable to access the final few bytes"),
+ * so a copy of it could never be whole. 0, or -EPROTO with c->errmsg set.
+ * After hs_fix_block_sizes. */
+static int
+hs_check_size(struct client_conn *c)
+{
+  const struct client_info *in = &c->info;
+  if (in->size > (uint64_t)INT64_MAX) {
+    snprintf(c->errmsg, sizeof c->errmsg, "the server advertises an export "
+             "size of %llu bytes, more than any disk can hold (the limit is "
+             "2^63-1): refusing it", (unsigned long long)in->size);
+    return -EPROTO;
+  }
+  if (in->size % in->min_block) {
+    snprintf(c->errmsg, sizeof c->errmsg, "export size %llu is not a "
+             "multiple of its minimum block size %u: its last %llu bytes "
+             "cannot be addressed", (unsigned long long)in->size,
+             in->min_block, (unsigned long long)(in->size % in->min_block));
+    return -EPROTO;
+  }
+  return 0;
+}
+
 /* nagle: leave Nagle's algorithm on (a diagnostic option). */
 static int
 client_open_socket(struct client_conn *c, const struct nbd_uri *u,
@@ -629,6 +747,11 @@ client_open_socket(struct client_conn *c, const struct nbd_uri *u,
   else
     fd = sock_connect_tcp(u->host, u->port, o->timeout_ms, o->on_socket,
                           o->on_socket_arg);
+  if (fd < 0 && sock_err_is_resolve(fd)) {
+    snprintf(c->errmsg, sizeof c->errmsg, "cannot resolve %s: %s", u->host,
+             sock_strerror(fd));
+    return -EHOSTUNREACH; /* callers see errnos only */
+  }
   if (fd < 0) {
     if (u->unix_socket)
       snprintf(c->errmsg, sizeof c->errmsg, "connect to unix socket %s: %s",
@@ -662,7 +785,7 @@ client_connect(struct client_conn *c, const struct nbd_uri *u,
   struct hs h = { .c = c, .o = o, .u = u };
   if (o->timeout_ms >= 0)
     h.deadline = loop_now_ms() + (uint64_t)o->timeout_ms;
-  if (u->tls && o->tls_creds == NULL) { /* the caller's client_tls_load */
+  if ((u->tls || (o->http && o->http->tls_start)) && o->tls_creds == NULL) {
     snprintf(c->errmsg, sizeof c->errmsg, "no TLS credentials loaded");
     return -EINVAL;
   }
@@ -670,7 +793,24 @@ client_connect(struct client_conn *c, const struct nbd_uri *u,
   if (r < 0)
     return r;
   c->split_writes = o->split_writes;
-  r = hs_run(&h);
+  r = o->http ? client_http_put(c, o->http, o->tls_creds, hs_left(&h)) : 0;
+  if (r > 0 && o->http->body && o->http->body->fd < 0) {
+    /* The caller sends a body on this connection, as it is now. */
+    if (o->on_socket)
+      o->on_socket(o->on_socket_arg, -1);
+    *o->http->body = *c;
+    memset(c, 0, sizeof *c);
+    c->fd = -1;
+    snprintf(c->errmsg, sizeof c->errmsg, "the server expects a body");
+    return CLIENT_HTTP_BODY;
+  }
+  if (r > 0) {
+    snprintf(c->errmsg, sizeof c->errmsg, "the server expects a body, "
+             "not NBD, on an extra connection");
+    r = -EPROTO;
+  }
+  if (r == 0)
+    r = hs_run(&h);
   if (h.in_step && (r < 0 || o->list_only))
     hs_abort(&h);
   free(h.payload);
@@ -684,17 +824,23 @@ client_connect(struct client_conn *c, const struct nbd_uri *u,
   if (r == 0 && (r = sock_set_nonblock(c->fd, true)) < 0)
     snprintf(c->errmsg, sizeof c->errmsg, "set non-blocking: %s",
              strerror(-r));
+  bool in_transmission = r == 0;
+  if (r == 0) {
+    hs_fix_block_sizes(&c->info);
+    r = hs_check_size(c);
+  }
   if (o->on_socket)
     o->on_socket(o->on_socket_arg, -1);
   if (r < 0) {
     char msg[sizeof c->errmsg];
     memcpy(msg, c->errmsg, sizeof msg);
-    c->fatal = -r; /* transmission never began: no NBD_CMD_DISC */
+    /* Transmission never began (no NBD_CMD_DISC), or it did, and the
+     * export is refused: then it ends with NBD_CMD_DISC. */
+    c->fatal = in_transmission ? 0 : -r;
     client_close(c);
     memcpy(c->errmsg, msg, sizeof msg);
     return r;
   }
-  hs_fix_block_sizes(&c->info);
   /* §Transmission flags: NBD_FLAG_HAS_FLAGS "MUST always be 1". Without
    * it the other bits come from a server that predates them and carry no
    * promise: nothing optional is used, and no write is refused here. */

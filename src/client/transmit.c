@@ -85,6 +85,14 @@ client_die(struct client_conn *c, int err, const char *why)
   return -err;
 }
 
+int
+client_abort(struct client_conn *c, int err, const char *why)
+{
+  if (!c->fatal)
+    c->lost = true;
+  return client_die(c, err, why);
+}
+
 static int client_recv_some(struct client_conn *c);
 
 /* A send failed because the server is gone (EPIPE, ECONNRESET). It may
@@ -95,6 +103,8 @@ static int client_recv_some(struct client_conn *c);
 static int
 client_send_failed(struct client_conn *c, int err, const char *why)
 {
+  if (!c->fatal)
+    c->lost = true;
   if (!c->fatal && !c->send_broken && (err == EPIPE || err == ECONNRESET)) {
     c->send_broken = true;
     c->sendq = c->sendq_tail = NULL; /* still in their slots */
@@ -816,6 +826,8 @@ client_recv_some(struct client_conn *c)
     ssize_t n = c->tp.ops->recv(&c->tp, dst, want);
     if (n == -EAGAIN)
       return 0;
+    if (n < 0 || n == 0)
+      c->lost = true;
     if (n < 0)
       return client_die(c, (int)-n, "connection lost while receiving");
     if (n == 0) {

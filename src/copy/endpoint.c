@@ -12,11 +12,13 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "copy/nbd_io.h"
 #include "format/image.h"
 #include "format/target.h"
+#include "proto/http.h"
 #include "net/loop.h"
 #include "util/fileio.h"
 #include "util/zero.h"
@@ -31,7 +33,9 @@ struct file_priv {
   int fd;
   bool fresh;          /* destination was empty: reads as zeroes */
   bool dense;          /* -S 0: data is written whole even where fresh */
-  bool is_pipe;
+  bool is_pipe;        /* read or written in order: '-', a FIFO, a
+                          character device */
+  bool std_fd;         /* fd is stdin or stdout ('-'): not closed here */
   bool mappable;       /* a readable regular file or device: map works */
   /* A destination file whose size is unknown (the source is a pipe)
    * starts empty and grows. Every write and zero first grows it to its
@@ -372,7 +376,7 @@ static void
 file_close(struct endpoint *e)
 {
   struct file_priv *p = e->priv;
-  if (!p->is_pipe)
+  if (!p->std_fd && p->fd >= 0)
     close(p->fd);
   pthread_mutex_destroy(&p->grow_lock);
   free(p);
@@ -423,12 +427,64 @@ endpoint_new(struct ep_env *env, const char *name,
   return e;
 }
 
+static int null_open(struct ep_env *env, const char *spec,
+                     const struct endpoint_opts *o, struct endpoint **out,
+                     char *err, size_t errlen);
+
+/* A character device or a FIFO named by path, found before it is opened
+ * (opening a FIFO to read waits for a writer). As a destination it is
+ * written in order, as '-' is, and the null device discards as null:
+ * does. As a source it has no size, so nothing could say where the copy
+ * ends: refused, saying what to use. */
+static int
+stream_open(struct ep_env *env, const char *spec, const char *path,
+            const struct stat *st, const struct endpoint_opts *o,
+            struct endpoint **out, char *err, size_t errlen)
+{
+  bool fifo = S_ISFIFO(st->st_mode);
+  if (!o->write) {
+    snprintf(err, errlen, "%s is a %s: it has no size to copy (%s)", spec,
+             fifo ? "named pipe" : "character device",
+             fifo ? "read it as a stream: 'nbdflow copy - DST < PIPE'"
+                  : "for zeroes or random bytes use zero:SIZE or "
+                    "random:SIZE");
+    return -ESPIPE;
+  }
+  if (!fifo && major(st->st_rdev) == 1 && minor(st->st_rdev) == 3)
+    return null_open(env, spec, o, out, err, errlen);
+  struct file_priv *p = calloc(1, sizeof *p);
+  struct endpoint *e = p ? endpoint_new(env, spec, &file_ops, p) : NULL;
+  if (e == NULL) {
+    free(p);
+    return ep_fail(err, errlen, -ENOMEM, "%s: %s", spec);
+  }
+  pthread_mutex_init(&p->grow_lock, NULL);
+  p->is_pipe = true;
+  p->fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (p->fd < 0) {
+    int r = ep_fail(err, errlen, -errno, "open %s: %s", spec);
+    file_close(e);
+    free(e);
+    return r;
+  }
+  e->writable = e->can_zero = e->can_flush = true;
+  e->sequential = true;
+  e->size_known = false;
+  e->size = UINT64_MAX;
+  *out = e;
+  return 0;
+}
+
 static int
 file_open(struct ep_env *env, const char *spec, const char *path,
           const struct endpoint_opts *o, struct endpoint **out, char *err,
           size_t errlen)
 {
   bool pipe = strcmp(spec, "-") == 0;
+  struct stat pre;
+  if (!pipe && stat(path, &pre) == 0 &&
+      (S_ISCHR(pre.st_mode) || S_ISFIFO(pre.st_mode)))
+    return stream_open(env, spec, path, &pre, o, out, err, errlen);
   struct file_priv *p = calloc(1, sizeof *p);
   struct endpoint *e = p ? endpoint_new(env, spec, &file_ops, p) : NULL;
   int r;
@@ -438,6 +494,7 @@ file_open(struct ep_env *env, const char *spec, const char *path,
   }
   pthread_mutex_init(&p->grow_lock, NULL);
   p->is_pipe = pipe;
+  p->std_fd = pipe;
   if (pipe)
     p->fd = o->write ? STDOUT_FILENO : STDIN_FILENO;
   else
@@ -582,6 +639,9 @@ source_open(struct ep_env *env, const char *spec, const struct target *t,
     .ignore_checksums = o->ignore_checksums,
   };
   struct image *img;
+  struct stat st; /* probing would wait for a FIFO's writer */
+  if (stat(t->arg, &st) == 0 && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode)))
+    return stream_open(env, spec, t->arg, &st, o, out, err, errlen);
   int r = image_open(t->arg, &io, &img, err, errlen);
   if (r < 0)
     return r;
@@ -590,13 +650,46 @@ source_open(struct ep_env *env, const char *spec, const struct target *t,
   return file_open(env, spec, t->arg, o, out, err, errlen);
 }
 
+/* --dst-protocol chunked into a file or '-': the frames themselves are
+ * the file's content (as vhd-tool's chunked output to a file). */
+static int
+chunked_file_open(struct ep_env *env, const char *spec,
+                  const struct target *t, const struct endpoint_opts *o,
+                  struct endpoint **out, char *err, size_t errlen)
+{
+  if (t->kind != TARGET_FILE && t->kind != TARGET_PIPE)
+    return ep_fail(err, errlen, -EINVAL, "%s: %s (Chunked frames go to a "
+                   "file, '-', chunked+tcp://, chunked+unix:// or an "
+                   "http(s) URL)", spec);
+  struct client_conn c;
+  memset(&c, 0, sizeof c);
+  bool pipe = t->kind == TARGET_PIPE;
+  c.fd = pipe ? STDOUT_FILENO
+              : open(t->arg, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (c.fd < 0)
+    return ep_fail(err, errlen, -errno, "%s: %s", spec);
+  return endpoint_open_chunked(env, spec, &c, !pipe, NULL, o, out, err,
+                               errlen);
+}
+
 int
 endpoint_open(struct ep_env *env, const char *spec,
               const struct endpoint_opts *o, struct endpoint **out,
               char *err, size_t errlen)
 {
+  if (http_url_is_http(spec))
+    return endpoint_open_http(env, spec, o, out, err, errlen);
+  if (strncmp(spec, "chunked+tcp://", 14) == 0 ||
+      strncmp(spec, "chunked+unix://", 15) == 0) {
+    if (!o->write || o->protocol == EP_PROTO_NBD)
+      return ep_fail(err, errlen, -EINVAL, "%s: %s (a Chunked stream is a "
+                     "destination, and speaks Chunked)", spec);
+    return endpoint_open_chunked_socket(env, spec, o, out, err, errlen);
+  }
   struct target t;
   target_parse(spec, !o->write, &t);
+  if (o->write && o->protocol == EP_PROTO_CHUNKED)
+    return chunked_file_open(env, spec, &t, o, out, err, errlen);
   switch (t.kind) {
   case TARGET_NBD:
     if (o->format > IMAGE_FORMAT_RAW && o->write)
@@ -621,6 +714,9 @@ endpoint_open(struct ep_env *env, const char *spec,
   }
   bool pipe = t.kind == TARGET_PIPE;
   enum image_format f = t.format_given ? t.format : o->format;
+  if (o->write && f > IMAGE_FORMAT_RAW && !pipe &&
+      endpoint_image_exists(t.arg, f))
+    return endpoint_open_image_dst(env, spec, t.arg, f, out, err, errlen);
   if (o->write && f > IMAGE_FORMAT_RAW)
     return endpoint_open_image_out(env, spec, pipe ? NULL : t.arg, f, o, out,
                                    err, errlen);

@@ -45,6 +45,12 @@
  * for trimming) above the copy's own churn. Measured into a fresh
  * qemu-nbd: 528,000 faults per 2 GiB without, 5,500 with. */
 #define ENDPOINT_OPENING_REQUEST (UINT64_C(4) << 20)
+/* --retry: the longest wait between two reconnection attempts. */
+#define ENDPOINT_RETRY_MAX_DELAY_MS 60000
+/* --retry: a source is read at up to 3 places of this many bytes when it
+ * is opened and again after each reconnection; a different answer means
+ * a different disk. */
+#define ENDPOINT_SAMPLE_LEN (64u << 10)
 /* The largest preferred block size that pieces are aligned to. */
 #define ENDPOINT_ALIGN_CAP (1u << 20)
 
@@ -89,13 +95,14 @@ struct ep_op {
   bool eof;         /* READ from a pipe hit end of input */
   bool skipped;     /* ZERO that needed no work (already zero) */
   size_t nextents;
-  char errmsg[128]; /* server's message, if any */
+  char errmsg[256]; /* server's message, if any */
 
   /* Private to the endpoint. */
   struct endpoint *ep;
   struct client_req req;
   struct work work;
   struct ep_op *next_done;
+  struct ep_op *next_parked; /* waiting for a reconnection (--retry) */
   bool fast_zero_tried;
 };
 
@@ -145,6 +152,15 @@ struct endpoint_ops {
    * data blocks. */
   int (*map)(struct endpoint *e, uint64_t off, uint64_t len,
              struct endpoint_map *m);
+  /* Optional, loop thread, every engine tick (about 200 ms, and after a
+   * loop_wake): time-driven work such as a reconnection (--retry). */
+  void (*tick)(struct endpoint *e);
+  /* Optional, loop thread: the engine's watchdog found the endpoint
+   * silent for --timeout (why says so). An endpoint that may reconnect
+   * drops its connections, reconnects and sends what was in flight
+   * again, and returns 0; -1 otherwise, and the engine abandons the
+   * requests in flight as it does without this. */
+  int (*lost)(struct endpoint *e, const char *why);
 };
 
 struct endpoint {
@@ -168,12 +184,44 @@ struct endpoint {
   unsigned connections;
   bool multi_conn;    /* server allows several connections */
   bool can_send_file; /* WRITE accepts from_file (plain NBD transport) */
+  /* --retry: reconnections that succeeded, and WRITE payload bytes
+   * that had left on a lost connection and were sent again. */
+  uint64_t reconnects;
+  uint64_t resent_bytes;
+  bool retries;       /* --retry is on for it: a lost connection that
+                         still fails the copy was retried already */
   uint64_t t_answer_us; /* loop_now_us() of the last answer
                            to part of an op still in flight (an op sent
                            in pieces); 0: none. The no-reply watchdog
                            counts it as a reply. Loop thread. */
+  /* The peer answered a request with an error (NBD: an error reply), as
+   * opposed to losing the connection (sparse_dd's exit status 5). Loop
+   * thread. */
+  bool peer_error;
   void *priv;
 };
+
+/* How a destination URL or stream is spoken (--dst-protocol). */
+enum ep_protocol {
+  EP_PROTO_AUTO,    /* what the target implies; http(s): NBD when the
+                       answer says so, else Chunked */
+  EP_PROTO_NBD,
+  EP_PROTO_CHUNKED, /* xapi's Chunked frames (endpoint_chunked.c) */
+};
+
+/* An http(s):// destination: the URL, the PUT's settings and the TLS
+ * credentials, owned by the endpoint that speaks over it. */
+struct ep_http {
+  struct http_url *url;
+  struct client_http h;
+  struct tls_creds *creds;  /* https */
+  struct client_conn body;  /* an answer that expects a body: fd >= 0 */
+};
+void ep_http_free(struct ep_http *x);
+/* The NBD URI an http(s) URL's upgraded session connects with (plain:
+ * any TLS is the HTTPS session's). */
+int nbd_uri_from_http(const struct ep_http *x, const char *export_name,
+                      struct nbd_uri *u, char *err, size_t errlen);
 
 struct endpoint_opts {
   /* EXTENTS is issued one at a time per endpoint. */
@@ -191,6 +239,12 @@ struct endpoint_opts {
   bool nagle;
   bool split_writes;
   unsigned timeout_s; /* NBD: the command's --timeout (client_handshake_ms) */
+  /* NBD, --retry: reconnection attempts in a row without a reply (0: a
+   * lost connection fails the copy), and the wait before the first of
+   * them, doubled for each next one (ENDPOINT_RETRY_MAX_DELAY_MS at
+   * most). */
+  unsigned retry;
+  unsigned retry_delay_ms;
   /* Files: the image format (--src-format / --dst-format; a "vhd:" or
    * "raw:" prefix on the target wins), whether the user named it (only
    * then may a source open parents), and --ignore-checksums. */
@@ -203,6 +257,18 @@ struct endpoint_opts {
    * data. */
   const uint8_t *alloc;
   uint32_t alloc_block;
+  /* Destinations: --dst-protocol; the export an http(s) URL's NBD
+   * session asks for (--nbd-export); https: the CA directory and the
+   * peer check (--tls-certificates, --tls-verify-peer). */
+  enum ep_protocol protocol;
+  const char *nbd_export;
+  const char *tls_certificates;
+  bool no_tls_verify;
+  /* Set by endpoint_open for endpoint_open_nbd: an http(s) URL whose
+   * PUT comes before the NBD handshake. endpoint_open_nbd owns it from
+   * the call on, but when it returns CLIENT_HTTP_BODY (the answer expects
+   * a body: the connection is in http->body). */
+  struct ep_http *http;
 };
 
 /* Opens spec: an NBD URI, "null:", "-", a generated source
@@ -263,6 +329,39 @@ int endpoint_open_gen(struct ep_env *env, const char *spec,
 int endpoint_open_image_out(struct ep_env *env, const char *spec,
                             const char *path, enum image_format f,
                             const struct endpoint_opts *o,
+                            struct endpoint **out, char *err, size_t errlen);
+/* Chunked frames (endpoint_chunked.c) over conn, which is taken over
+ * (closed at the end when own_fd; a pipe or file has no transport); http,
+ * when given, is owned from the call on. */
+int endpoint_open_chunked(struct ep_env *env, const char *spec,
+                          struct client_conn *conn, bool own_fd,
+                          struct ep_http *http, const struct endpoint_opts *o,
+                          struct endpoint **out, char *err, size_t errlen);
+/* "chunked+tcp://HOST:PORT" or "chunked+unix:///PATH". */
+int endpoint_open_chunked_socket(struct ep_env *env, const char *spec,
+                                 const struct endpoint_opts *o,
+                                 struct endpoint **out, char *err,
+                                 size_t errlen);
+/* SRC seen against BASE (both owned from the call on, closed on
+ * failure): compares them now, on env's loop, then reads as SRC with
+ * extents that call every block equal to BASE's a zero extent, so that
+ * a copy with dst_is_zero sends only what differs (endpoint_delta.c). */
+int endpoint_open_delta(struct ep_env *env, struct endpoint *src,
+                        struct endpoint *base, struct endpoint **out,
+                        char *err, size_t errlen);
+/* Bytes of the blocks found different (a multiple of the block size). */
+uint64_t endpoint_delta_changed(const struct endpoint *e);
+/* An http:// or https:// destination (endpoint_chunked.c). */
+int endpoint_open_http(struct ep_env *env, const char *spec,
+                       const struct endpoint_opts *o, struct endpoint **out,
+                       char *err, size_t errlen);
+/* Whether path is an existing image of format f that is written in
+ * place (a VHD: through the format layer, as serve writes it), rather
+ * than a new one written as a stream over it. */
+bool endpoint_image_exists(const char *path, enum image_format f);
+/* That existing image as a destination, in place. */
+int endpoint_open_image_dst(struct ep_env *env, const char *spec,
+                            const char *path, enum image_format f,
                             struct endpoint **out, char *err, size_t errlen);
 /* A disk image in a format (VHD...) read through the format layer. */
 struct image;

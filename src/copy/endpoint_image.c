@@ -1,12 +1,18 @@
 /* endpoint_image.c: a copy source in an image format (VHD...), read
- * through the format layer (format/image.h). Reads and extents may block
- * on the file, so they run on the worker pool, like a file's; map answers
+ * through the format layer (format/image.h), or a destination that is
+ * an existing image written in place through the same layer (the
+ * format's pwrite, zero and flush, as `serve` writes it). Reads, writes
+ * and extents may block on the file, so they run on the worker pool,
+ * like a file's, in parallel (the format is thread-safe); map answers
  * from memory on the loop thread, so the engine can send a mapped range
  * straight from the image file. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "copy/endpoint.h"
 #include "format/image.h"
@@ -26,6 +32,14 @@ image_work(struct work *w)
   if (op->type == EP_READ) {
     r = img->ops->pread(img, op->buf, op->length, op->offset, why,
                         sizeof why);
+  } else if (op->type == EP_WRITE) {
+    r = img->ops->pwrite(img, op->buf, op->length, op->offset, 0, why,
+                         sizeof why);
+  } else if (op->type == EP_ZERO) {
+    r = img->ops->zero(img, op->length, op->offset, IMAGE_MAY_TRIM, why,
+                       sizeof why);
+  } else if (op->type == EP_FLUSH) {
+    r = img->ops->flush(img);
   } else {
     struct image_extent x[IMG_EXTENTS_MAX];
     int max = op->max_extents < IMG_EXTENTS_MAX ? (int)op->max_extents
@@ -47,8 +61,12 @@ image_work(struct work *w)
 static int
 image_submit(struct endpoint *e, struct ep_op *op)
 {
-  if (op->type != EP_READ && op->type != EP_EXTENTS)
+  bool wr = op->type == EP_WRITE || op->type == EP_ZERO ||
+            op->type == EP_FLUSH;
+  if (wr ? !e->writable : op->type != EP_READ && op->type != EP_EXTENTS)
     return -EBADF;
+  if (op->type == EP_WRITE && op->from_file)
+    return -EINVAL;
   op->work.fn = image_work;
   workq_push(e->env->wq, &op->work);
   return 0;
@@ -96,5 +114,56 @@ endpoint_open_image(struct ep_env *env, const char *spec, struct image *img,
   e->readable = true;
   e->has_extents = true;
   *out = e;
+  return 0;
+}
+
+bool
+endpoint_image_exists(const char *path, enum image_format f)
+{
+  struct stat st;
+  if (f <= IMAGE_FORMAT_RAW || stat(path, &st) < 0 || !S_ISREG(st.st_mode) ||
+      st.st_size == 0)
+    return false;
+  struct image_opts io = { .format = f, .format_given = true };
+  struct image *img;
+  char err[512];
+  if (image_open(path, &io, &img, err, sizeof err) == 1) {
+    bool can = img->ops->pwrite != NULL;
+    image_close(img);
+    return can;
+  }
+  /* Damaged: its own open says what is wrong, rather than a stream
+   * writing over it. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return false;
+  bool is = image_probe(fd) == (int)f && f == IMAGE_FORMAT_VHD;
+  close(fd);
+  return is;
+}
+
+int
+endpoint_open_image_dst(struct ep_env *env, const char *spec,
+                        const char *path, enum image_format f,
+                        struct endpoint **out, char *err, size_t errlen)
+{
+  struct image_opts io = { .format = f, .format_given = true,
+                           .writable = true };
+  struct image *img;
+  int r = image_open(path, &io, &img, err, errlen);
+  if (r < 0)
+    return r;
+  if (r == 0 || !img->writable) {
+    snprintf(err, errlen, "%s: cannot write this %s image in place (%s)",
+             spec, image_format_name(f),
+             r == 0 ? "not one" : "no permission to write it");
+    image_close(img);
+    return r == 0 ? -EINVAL : -EACCES;
+  }
+  r = endpoint_open_image(env, spec, img, out, err, errlen);
+  if (r < 0)
+    return r;
+  (*out)->readable = (*out)->has_extents = false;
+  (*out)->writable = (*out)->can_zero = (*out)->can_flush = true;
   return 0;
 }

@@ -5,11 +5,13 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <xxhash.h>
 
 #include "net/loop.h"
 #include "net/sock.h"
@@ -36,6 +38,7 @@ struct nbd_priv {
   struct nbd_uri uri;
   struct client_opts co;  /* read by connecting threads */
   struct tls_creds *tls; /* co.tls_creds: every connection's */
+  struct ep_http *http;  /* an http(s) URL's PUT and TLS, owned; or NULL */
   unsigned n;             /* slots allocated (the most connections) */
   unsigned started;       /* slots in use: the first, plus jobs started */
   struct nbd_slot *slots;
@@ -54,6 +57,30 @@ struct nbd_priv {
   struct ep_op *flush_op;
   unsigned flush_pending;
   int flush_err;
+  bool flush_lost;        /* a connection died under it (--retry) */
+
+  /* --retry. A connection lost to its transport parks the ops it carried
+   * (and every op submitted meanwhile) on `parked`; the next tick drops
+   * every connection, and reconnection attempts run on jobs[0], the
+   * first after retry_delay_ms, each next one after twice the wait.
+   * Once slot 0 is back (same export, same sample), the parked ops go
+   * out again and the other connections are started anew. */
+  unsigned retry_max;     /* attempts in a row without a reply; 0: off */
+  unsigned retry_delay_ms;
+  unsigned attempts;      /* made since the last reply */
+  bool reconnecting;
+  bool drop_pending;      /* the connections are still to be dropped */
+  bool gave_up;           /* no more attempts: failures are final */
+  uint64_t retry_at_us;   /* when the next attempt starts */
+  struct ep_op *parked, *parked_tail; /* owned by the engine, held here */
+  bool flush_parked;      /* flush_op waits among them */
+  unsigned first_conns;   /* connections to start at once (at open) */
+  bool auto_conns;        /* the count is ours (no --connections) */
+  int lost_err;           /* why the last connection was lost */
+  char lost_msg[256];
+  struct client_info info0; /* the export as first seen (scalars only) */
+  bool sampled;           /* sample_digest holds the source's sample */
+  uint64_t sample_digest;
 };
 
 static void
@@ -101,6 +128,82 @@ nbd_copy_msg(struct ep_op *op, const struct client_req *r,
     snprintf(op->errmsg, sizeof op->errmsg, "%s", r->errmsg);
   else if (c->fatal && c->errmsg[0])
     nbd_conn_msg(op, c);
+}
+
+/* ---- --retry ---- */
+
+static void nbd_lost(struct endpoint *e, int err, const char *why);
+
+/* A failure that a new connection may undo: the connection died of its
+ * transport (reset, EOF, TLS, a timeout), or the server said it is
+ * shutting down. An error reply (EIO, ENOSPC) is not one. */
+static bool
+nbd_retryable(const struct nbd_priv *p, const struct client_conn *c, int err)
+{
+  if (p->retry_max == 0 || p->gave_up || p->closing || err == 0)
+    return false;
+  return (c->fatal && c->lost) || err == ESHUTDOWN;
+}
+
+/* Holds op until the endpoint has reconnected. A WRITE whose payload had
+ * left counts as sent twice once it goes again. */
+static void
+nbd_park(struct endpoint *e, struct ep_op *op)
+{
+  struct nbd_priv *p = e->priv;
+  if (op->type == EP_WRITE && op->req.sent)
+    e->resent_bytes += op->length;
+  op->next_parked = NULL;
+  if (p->parked_tail)
+    p->parked_tail->next_parked = op;
+  else
+    p->parked = op;
+  p->parked_tail = op;
+}
+
+/* Reads a source's sample: up to 3 pieces of ENDPOINT_SAMPLE_LEN at its
+ * start, middle and end, on whole minimum blocks, hashed together.
+ * Blocking: on slot 0 before it joins the loop, or on the thread of a
+ * reconnection. Returns 0, or -errno with c->errmsg set. */
+static int
+nbd_read_sample(struct client_conn *c, int timeout_ms, uint64_t *digest)
+{
+  const struct client_info *in = &c->info;
+  uint64_t mb = in->min_block > 1 ? in->min_block : 1;
+  uint64_t len = ENDPOINT_SAMPLE_LEN;
+  if (len > in->max_block)
+    len = in->max_block;
+  if (len > in->size)
+    len = in->size;
+  len = len / mb * mb;
+  *digest = 0;
+  if (len == 0)
+    return 0;
+  uint64_t offs[3] = { 0, in->size / 2 / mb * mb,
+                       (in->size - len) / mb * mb };
+  uint8_t *buf = malloc(len);
+  XXH3_state_t *st = XXH3_createState();
+  int r = buf && st ? 0 : -ENOMEM;
+  if (st)
+    XXH3_64bits_reset(st);
+  for (int i = 0; r == 0 && i < 3; i++) {
+    if (offs[i] + len > in->size)
+      offs[i] = (in->size - len) / mb * mb;
+    struct client_req q = { .type = NBD_CMD_READ, .offset = offs[i],
+                            .length = len, .buf = buf };
+    r = client_run(c, &q, timeout_ms);
+    if (r < 0 && c->errmsg[0] == '\0')
+      snprintf(c->errmsg, sizeof c->errmsg, "reading a sample at offset "
+               "%llu: %s", (unsigned long long)offs[i], strerror(-r));
+    if (r == 0)
+      XXH3_64bits_update(st, buf, (size_t)len);
+  }
+  if (r == 0)
+    *digest = XXH3_64bits_digest(st);
+  if (st)
+    XXH3_freeState(st);
+  free(buf);
+  return r;
 }
 
 static void
@@ -207,6 +310,13 @@ nbd_req_done(struct client_req *r, int err)
   struct ep_op *op = (struct ep_op *)((char *)r - offsetof(struct ep_op, req));
   struct nbd_slot *s = r->arg;
   struct nbd_priv *p = s->e->priv;
+  if (nbd_retryable(p, &s->c, err)) {
+    nbd_park(s->e, op);
+    nbd_lost(s->e, err, s->c.fatal ? s->c.errmsg : r->errmsg);
+    return;
+  }
+  if (!s->c.fatal)
+    p->attempts = 0; /* an answer: the server is back for good */
   if (op->type == EP_ZERO && (r->flags & NBD_CMD_FLAG_FAST_ZERO) &&
       (err == ENOTSUP || err == EOPNOTSUPP) && !s->c.fatal) {
     /* Fast zeroing refused: fall back to a plain WRITE_ZEROES. */
@@ -226,6 +336,8 @@ nbd_req_done(struct client_req *r, int err)
       err = nbd_resend_failed(r, z);
   }
   op->err = err;
+  if (err && !s->c.fatal)
+    s->e->peer_error = true; /* an error reply, not a lost connection */
   nbd_copy_msg(op, r, &s->c);
   if (op->type == EP_EXTENTS)
     nbd_status_done(op, p);
@@ -237,14 +349,23 @@ nbd_flush_done(struct client_req *r, int err)
 {
   struct nbd_slot *s = r->arg;
   struct nbd_priv *p = s->e->priv;
-  if (err && !p->flush_err) {
+  if (nbd_retryable(p, &s->c, err)) {
+    p->flush_lost = true; /* flushed again once reconnected */
+    nbd_lost(s->e, err, s->c.fatal ? s->c.errmsg : r->errmsg);
+  } else if (err && !p->flush_err) {
     p->flush_err = err;
     nbd_copy_msg(p->flush_op, r, &s->c);
   }
   if (--p->flush_pending == 0) {
     struct ep_op *op = p->flush_op;
+    if (p->flush_lost && !p->flush_err && p->reconnecting) {
+      p->flush_parked = true; /* p->flush_op stays: it is still busy */
+      return;
+    }
     p->flush_op = NULL;
-    op->err = p->flush_err;
+    op->err = p->flush_err ? p->flush_err : p->flush_lost ? p->lost_err : 0;
+    if (op->err && !p->flush_err)
+      snprintf(op->errmsg, sizeof op->errmsg, "%s", p->lost_msg);
     op->done(op);
   }
 }
@@ -259,6 +380,11 @@ nbd_submit_flush(struct endpoint *e, struct ep_op *op)
     return -EBUSY;
   p->flush_op = op;
   p->flush_err = 0;
+  p->flush_lost = false;
+  if (p->reconnecting) {
+    p->flush_parked = true; /* sent once the server is back */
+    return 0;
+  }
   p->flush_pending = 1; /* held while submitting */
   for (unsigned i = 0; i < p->started; i++) {
     struct nbd_slot *s = &p->slots[i];
@@ -268,7 +394,10 @@ nbd_submit_flush(struct endpoint *e, struct ep_op *op)
     if (!s->live)
       continue; /* still connecting: it carried no writes */
     if (s->c.fatal) {
-      if (!p->flush_err) {
+      if (nbd_retryable(p, &s->c, s->c.fatal)) {
+        p->flush_lost = true;
+        nbd_lost(e, s->c.fatal, s->c.errmsg);
+      } else if (!p->flush_err) {
         p->flush_err = s->c.fatal; /* with the connection's reason */
         nbd_conn_msg(op, &s->c);
       }
@@ -299,8 +428,19 @@ nbd_submit_flush(struct endpoint *e, struct ep_op *op)
 static int
 nbd_fail_dead(struct endpoint *e, struct ep_op *op, const struct client_conn *c)
 {
-  op->err = c->fatal ? c->fatal : EIO;
-  nbd_conn_msg(op, c);
+  struct nbd_priv *p = e->priv;
+  if (nbd_retryable(p, c, c->fatal)) {
+    nbd_park(e, op);
+    nbd_lost(e, c->fatal, c->errmsg);
+    return 0;
+  }
+  if (p->gave_up) {
+    op->err = p->lost_err;
+    snprintf(op->errmsg, sizeof op->errmsg, "%s", p->lost_msg);
+  } else {
+    op->err = c->fatal ? c->fatal : EIO;
+    nbd_conn_msg(op, c);
+  }
   ep_env_complete(e->env, op);
   return 0;
 }
@@ -311,6 +451,11 @@ nbd_submit(struct endpoint *e, struct ep_op *op)
   struct nbd_priv *p = e->priv;
   if (op->type == EP_FLUSH)
     return nbd_submit_flush(e, op);
+  if (p->reconnecting) {
+    op->req = (struct client_req){ 0 };
+    nbd_park(e, op); /* goes out once the server is back */
+    return 0;
+  }
   struct nbd_slot *s = nbd_pick(e);
   if (s == NULL)
     return nbd_fail_dead(e, op, &p->slots[0].c);
@@ -376,6 +521,7 @@ nbd_close(struct endpoint *e)
   free(p->slots);
   free(p->flush_reqs);
   tls_creds_free(p->tls); /* after every session that used them */
+  ep_http_free(p->http);
   uri_free(&p->uri);
   free(p);
 }
@@ -491,6 +637,9 @@ nbd_fit_window(struct endpoint *e, uint64_t bytes)
   nbd_start_jobs(e, upto);
 }
 
+static void nbd_tick(struct endpoint *e);
+static int nbd_lost_op(struct endpoint *e, const char *why);
+
 static const struct endpoint_ops nbd_ops = {
   .kind = "nbd",
   .submit = nbd_submit,
@@ -500,6 +649,8 @@ static const struct endpoint_ops nbd_ops = {
   .tcp_json_each = nbd_tcp_json_each,
   .sample_tcp = nbd_sample_tcp,
   .fit_window = nbd_fit_window,
+  .tick = nbd_tick,
+  .lost = nbd_lost_op,
 };
 
 /* The connections after the first connect on threads of their own while
@@ -513,6 +664,8 @@ struct nbd_connect_job {
   struct nbd_priv *p;
   struct client_opts co; /* p->co, plus this job's socket hook */
   int r;
+  bool sample;       /* reconnecting a source: read its sample too */
+  uint64_t digest;   /* the sample's digest, when sample and r == 0 */
   pthread_t thread;
   bool started;      /* thread created, not yet joined */
   atomic_bool done;  /* set by the thread as its last act */
@@ -539,7 +692,11 @@ nbd_connect_thread(void *arg)
 {
   struct nbd_connect_job *j = arg;
   j->r = client_connect(&j->s->c, &j->p->uri, &j->co);
+  if (j->r == 0 && j->sample)
+    j->r = nbd_read_sample(&j->s->c, j->co.timeout_ms, &j->digest);
   atomic_store_explicit(&j->done, true, memory_order_release);
+  if (j->sample) /* a reconnection: the loop may be waiting in epoll */
+    loop_wake(j->s->e->env->loop);
   return NULL;
 }
 
@@ -620,7 +777,7 @@ nbd_join_all(struct endpoint *e)
 {
   struct nbd_priv *p = e->priv;
   p->closing = true;
-  for (unsigned i = 1; p->jobs && i < p->n; i++) {
+  for (unsigned i = 0; p->jobs && i < p->n; i++) {
     struct nbd_connect_job *j = &p->jobs[i];
     if (!j->started)
       continue;
@@ -629,8 +786,41 @@ nbd_join_all(struct endpoint *e)
     if (j->fd >= 0)
       shutdown(j->fd, SHUT_RDWR);
     pthread_mutex_unlock(&j->lock);
-    nbd_join_one(e, i);
+    if (i > 0) {
+      nbd_join_one(e, i);
+      continue;
+    }
+    pthread_join(j->thread, NULL); /* a reconnection: close frees slot 0 */
+    pthread_mutex_destroy(&j->lock);
+    j->started = false;
   }
+}
+
+/* Loop thread: starts a thread that connects slot i (and, with sample,
+ * reads the source's sample). False when no thread could be made. */
+static bool
+nbd_job_start(struct endpoint *e, unsigned i, bool sample)
+{
+  struct nbd_priv *p = e->priv;
+  struct nbd_connect_job *j = &p->jobs[i];
+  j->s = &p->slots[i];
+  j->p = p;
+  j->co = p->co;
+  j->co.on_socket = nbd_job_socket;
+  j->co.on_socket_arg = j;
+  j->fd = -1;
+  j->cancel = false;
+  j->sample = sample;
+  j->digest = 0;
+  atomic_init(&j->done, false);
+  p->slots[i].e = e;
+  if (pthread_mutex_init(&j->lock, NULL) == 0) {
+    j->started = pthread_create(&j->thread, NULL, nbd_connect_thread,
+                                j) == 0;
+    if (!j->started)
+      pthread_mutex_destroy(&j->lock);
+  }
+  return j->started;
 }
 
 /* Loop thread: starts the connect jobs of slots started .. upto-1. */
@@ -641,23 +831,7 @@ nbd_start_jobs(struct endpoint *e, unsigned upto)
   if (upto > p->n)
     upto = p->n;
   for (unsigned i = p->started; i < upto; i++) {
-    struct nbd_connect_job *j = &p->jobs[i];
-    j->s = &p->slots[i];
-    j->p = p;
-    j->co = p->co;
-    j->co.on_socket = nbd_job_socket;
-    j->co.on_socket_arg = j;
-    j->fd = -1;
-    j->cancel = false;
-    atomic_init(&j->done, false);
-    p->slots[i].e = e;
-    if (pthread_mutex_init(&j->lock, NULL) == 0) {
-      j->started = pthread_create(&j->thread, NULL, nbd_connect_thread,
-                                  j) == 0;
-      if (!j->started)
-        pthread_mutex_destroy(&j->lock);
-    }
-    if (j->started) {
+    if (nbd_job_start(e, i, false)) {
       p->connecting++;
     } else {
       log_warn("%s: no thread for connection %u of %u, going on without it",
@@ -666,6 +840,278 @@ nbd_start_jobs(struct endpoint *e, unsigned upto)
   }
   if (upto > p->started)
     p->started = upto;
+}
+
+/* ---- --retry: reconnecting ---- */
+
+/* The wait before attempt n (1, 2, ...): the delay, doubled for each
+ * attempt after the first, ENDPOINT_RETRY_MAX_DELAY_MS at most. */
+static uint64_t
+nbd_retry_wait_us(const struct nbd_priv *p, unsigned n)
+{
+  uint64_t ms = p->retry_delay_ms;
+  for (unsigned k = 1; k < n && ms < ENDPOINT_RETRY_MAX_DELAY_MS; k++)
+    ms *= 2;
+  if (ms > ENDPOINT_RETRY_MAX_DELAY_MS)
+    ms = ENDPOINT_RETRY_MAX_DELAY_MS;
+  return ms * 1000;
+}
+
+/* No more attempts: every parked op fails with the loss that started
+ * them, and later losses fail as without --retry. */
+static void
+nbd_give_up(struct endpoint *e, const char *fmt, ...)
+  __attribute__((format(printf, 2, 3)));
+static void
+nbd_give_up(struct endpoint *e, const char *fmt, ...)
+{
+  struct nbd_priv *p = e->priv;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(p->lost_msg, sizeof p->lost_msg, fmt, ap);
+  va_end(ap);
+  p->gave_up = true;
+  p->reconnecting = false;
+  struct ep_op *op = p->parked;
+  p->parked = p->parked_tail = NULL;
+  while (op) {
+    struct ep_op *next = op->next_parked;
+    op->err = p->lost_err;
+    snprintf(op->errmsg, sizeof op->errmsg, "%s", p->lost_msg);
+    ep_env_complete(e->env, op);
+    op = next;
+  }
+  if (p->flush_parked) {
+    p->flush_parked = false;
+    op = p->flush_op;
+    p->flush_op = NULL;
+    op->err = p->lost_err;
+    snprintf(op->errmsg, sizeof op->errmsg, "%s", p->lost_msg);
+    ep_env_complete(e->env, op);
+  }
+}
+
+/* A connection was lost (err, why): the ops it carried are parked. The
+ * first loss of an outage schedules the reconnection; the connections
+ * are dropped at the next tick, not here, since this runs inside a
+ * connection's own callbacks. */
+static void
+nbd_lost(struct endpoint *e, int err, const char *why)
+{
+  struct nbd_priv *p = e->priv;
+  if (p->reconnecting || p->gave_up)
+    return;
+  p->lost_err = err;
+  snprintf(p->lost_msg, sizeof p->lost_msg, "%s", why && why[0] ? why
+                                                    : strerror(err));
+  p->reconnecting = true;
+  p->drop_pending = true;
+  if (p->attempts >= p->retry_max) {
+    /* Reconnected, but lost again before any reply: the budget is
+     * spent. Failed from the tick, after the drop. */
+    p->retry_at_us = 0;
+  } else {
+    uint64_t wait = nbd_retry_wait_us(p, p->attempts + 1);
+    p->retry_at_us = loop_now_us() + wait;
+    log_warn("%s: connection lost (%s: %s); reconnecting in %.1f s "
+             "(attempt %u of %u)", e->name, strerror(err), p->lost_msg,
+             (double)wait / 1e6, p->attempts + 1, p->retry_max);
+  }
+  loop_wake(e->env->loop);
+}
+
+/* Loop thread: closes every connection. Requests still in flight on
+ * them are called back (and parked); connects still running are
+ * abandoned. */
+static void
+nbd_drop_all(struct endpoint *e)
+{
+  struct nbd_priv *p = e->priv;
+  p->closing = true; /* quiet: joined connections are dropped at once */
+  nbd_join_all(e);
+  p->closing = false;
+  for (unsigned i = 0; i < p->started; i++) {
+    struct nbd_slot *s = &p->slots[i];
+    if (s->live && !s->c.fatal)
+      client_abort(&s->c, p->lost_err, "dropped to reconnect");
+  }
+  for (unsigned i = 0; i < p->n; i++) {
+    struct nbd_slot *s = &p->slots[i];
+    if (s->registered)
+      loop_del(e->env->loop, s->c.fd);
+    client_close(&s->c);
+    s->registered = s->live = s->want_out = false;
+  }
+  p->started = 0;
+  p->connecting = 0;
+  e->connections = 0;
+}
+
+/* The reconnected slot 0 must show the same export: what the engine
+ * planned with (size, block sizes, the commands it uses) and, for a
+ * source, the same sample. Returns 0, or -1 with why. */
+static int
+nbd_same_export(struct endpoint *e, const struct client_info *b,
+                uint64_t digest, char *why, size_t len)
+{
+  struct nbd_priv *p = e->priv;
+  const struct client_info *a = &p->info0;
+  if (b->size != a->size)
+    snprintf(why, len, "its size is %llu bytes, was %llu",
+             (unsigned long long)b->size, (unsigned long long)a->size);
+  else if (b->min_block != a->min_block)
+    snprintf(why, len, "its minimum block size is %u, was %u",
+             b->min_block, a->min_block);
+  else if (b->max_block < e->max_request)
+    snprintf(why, len, "its maximum block size is %u, below the %llu "
+             "in use", b->max_block, (unsigned long long)e->max_request);
+  else if (e->writable && (b->tflags & NBD_FLAG_READ_ONLY) &&
+           !(a->tflags & NBD_FLAG_READ_ONLY))
+    snprintf(why, len, "it is read-only now");
+  else if ((e->can_zero && !(b->tflags & NBD_FLAG_SEND_WRITE_ZEROES)) ||
+           (e->can_flush && !(b->tflags & NBD_FLAG_SEND_FLUSH)) ||
+           (e->has_extents && !b->allocation))
+    snprintf(why, len, "it no longer offers a command in use (flags "
+             "0x%04x, were 0x%04x)", b->tflags, a->tflags);
+  else if (p->sampled && digest != p->sample_digest)
+    snprintf(why, len, "its content differs (a sample of its start, "
+             "middle and end)");
+  else
+    return 0;
+  return -1;
+}
+
+static void nbd_resubmit(struct endpoint *e);
+
+/* Loop thread: the reconnection job ended. */
+static void
+nbd_reconnect_done(struct endpoint *e)
+{
+  struct nbd_priv *p = e->priv;
+  struct nbd_connect_job *j = &p->jobs[0];
+  struct nbd_slot *s = &p->slots[0];
+  pthread_join(j->thread, NULL);
+  pthread_mutex_destroy(&j->lock);
+  j->started = false;
+  int r = j->r;
+  char why[200];
+  if (r == 0 && nbd_same_export(e, &s->c.info, j->digest, why,
+                                sizeof why) < 0) {
+    client_close(&s->c);
+    nbd_give_up(e, "after reconnecting: %s: not the same disk", why);
+    return;
+  }
+  if (r == 0 && (r = nbd_register(e, s)) < 0)
+    snprintf(s->c.errmsg, sizeof s->c.errmsg, "event loop: %s",
+             strerror(-r));
+  if (r < 0) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s", s->c.errmsg[0] ? s->c.errmsg
+                                                   : strerror(-r));
+    client_close(&s->c);
+    if (p->attempts >= p->retry_max) {
+      nbd_give_up(e, "gave up after %u reconnection attempt%s (the last: "
+                  "%s)", p->attempts, p->attempts == 1 ? "" : "s", msg);
+      return;
+    }
+    uint64_t wait = nbd_retry_wait_us(p, p->attempts + 1);
+    p->retry_at_us = loop_now_us() + wait;
+    log_warn("%s: reconnection attempt %u of %u failed: %s; next in %.1f s",
+             e->name, p->attempts, p->retry_max, msg, (double)wait / 1e6);
+    return;
+  }
+  p->reconnecting = false;
+  p->started = 1;
+  e->connections = 1;
+  e->reconnects++;
+  /* The count is recomputed: the server may allow more or fewer now. */
+  unsigned first = p->first_conns;
+  if (p->auto_conns && !(s->c.info.tflags & NBD_FLAG_CAN_MULTI_CONN))
+    first = 1;
+  nbd_start_jobs(e, first);
+  nbd_resubmit(e);
+}
+
+/* Loop thread, once reconnected: sends the parked ops again, in the
+ * order they were parked, and a parked FLUSH last. */
+static void
+nbd_resubmit(struct endpoint *e)
+{
+  struct nbd_priv *p = e->priv;
+  struct ep_op *op = p->parked;
+  p->parked = p->parked_tail = NULL;
+  unsigned n = 0;
+  for (struct ep_op *q = op; q; q = q->next_parked)
+    n++;
+  log_warn("%s: reconnected (attempt %u); sending %u request%s again",
+           e->name, p->attempts, n, n == 1 ? "" : "s");
+  while (op) {
+    struct ep_op *next = op->next_parked;
+    int rc = nbd_submit(e, op);
+    if (rc < 0) {
+      op->err = -rc;
+      ep_env_complete(e->env, op);
+    }
+    op = next;
+  }
+  if (p->flush_parked) {
+    p->flush_parked = false;
+    op = p->flush_op;
+    p->flush_op = NULL;
+    nbd_submit_flush(e, op);
+  }
+}
+
+/* Engine tick: drives a reconnection. While one runs, the engine's
+ * watchdog is told the endpoint is answering: the attempts are bounded
+ * on their own (the handshake limit each, --retry of them). */
+static void
+nbd_tick(struct endpoint *e)
+{
+  struct nbd_priv *p = e->priv;
+  if (!p->reconnecting)
+    return;
+  uint64_t now = loop_now_us();
+  e->t_answer_us = now;
+  if (p->drop_pending) {
+    p->drop_pending = false;
+    nbd_drop_all(e);
+    if (!p->reconnecting)
+      return; /* the drop's callbacks ended it */
+  }
+  if (p->attempts >= p->retry_max && p->retry_at_us == 0) {
+    char was[256];
+    snprintf(was, sizeof was, "%s", p->lost_msg);
+    nbd_give_up(e, "lost again after %u reconnection%s, before any reply: "
+                "%s", p->attempts, p->attempts == 1 ? "" : "s", was);
+    return;
+  }
+  struct nbd_connect_job *j = &p->jobs[0];
+  if (j->started) {
+    if (atomic_load_explicit(&j->done, memory_order_acquire))
+      nbd_reconnect_done(e);
+    return;
+  }
+  if (now < p->retry_at_us)
+    return;
+  p->attempts++;
+  if (!nbd_job_start(e, 0, p->sampled)) {
+    nbd_give_up(e, "no thread to reconnect");
+    return;
+  }
+}
+
+/* The engine's watchdog: a silent server is a lost connection too. */
+static int
+nbd_lost_op(struct endpoint *e, const char *why)
+{
+  struct nbd_priv *p = e->priv;
+  if (p->retry_max == 0 || p->gave_up)
+    return -1;
+  if (p->reconnecting)
+    return 0;
+  nbd_lost(e, ETIMEDOUT, why);
+  return 0;
 }
 
 /* What one TCP connection can keep in flight: the sender's send buffer
@@ -708,6 +1154,10 @@ nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
     return r;
   }
   p->co.tls_creds = p->tls;
+  if (p->http) { /* every connection starts with its own PUT */
+    p->co.http = &p->http->h;
+    p->co.tls_creds = p->http->creds;
+  }
   p->slots[0].e = e;
   r = client_connect(&p->slots[0].c, &p->uri, &p->co);
   if (r < 0) {
@@ -717,6 +1167,18 @@ nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
   if (o->write && (p->slots[0].c.info.tflags & NBD_FLAG_READ_ONLY)) {
     snprintf(err, errlen, "%s: the export is read-only", e->name);
     return -EROFS; /* before any other connection is started */
+  }
+  p->info0 = p->slots[0].c.info; /* scalars: the strings stay the conn's */
+  p->info0.name = p->info0.description = NULL;
+  p->info0.exports = NULL;
+  p->info0.nexports = 0;
+  if (p->retry_max && !o->write) {
+    r = nbd_read_sample(&p->slots[0].c, p->co.timeout_ms, &p->sample_digest);
+    if (r < 0) {
+      snprintf(err, errlen, "%s: %s", e->name, p->slots[0].c.errmsg);
+      return r;
+    }
+    p->sampled = true;
   }
   unsigned first = p->n;
   if (o->connections == 0 &&
@@ -750,6 +1212,8 @@ nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
     return -ENOMEM;
   }
   p->started = 1;
+  p->first_conns = first;
+  p->auto_conns = o->connections == 0;
   nbd_start_jobs(e, first);
   return 0;
 }
@@ -763,16 +1227,24 @@ endpoint_open_nbd(struct ep_env *env, const char *spec,
   struct endpoint *e = p ? endpoint_new(env, spec, &nbd_ops, p) : NULL;
   if (e == NULL) {
     free(p);
+    ep_http_free(o->http);
     snprintf(err, errlen, "out of memory");
     return -ENOMEM;
   }
-  int r = uri_parse(spec, &p->uri, err, errlen);
+  int r = o->http ? nbd_uri_from_http(o->http, o->nbd_export, &p->uri, err,
+                                      errlen)
+                  : uri_parse(spec, &p->uri, err, errlen);
+  p->http = o->http;
   if (r < 0) {
+    ep_http_free(p->http);
     free(p);
     free(e);
     return r;
   }
   p->n = o->connections ? o->connections : 1;
+  p->retry_max = o->retry;
+  p->retry_delay_ms = o->retry_delay_ms;
+  e->retries = o->retry > 0;
   p->slots = calloc(p->n, sizeof *p->slots);
   if (p->slots == NULL) {
     r = -ENOMEM;
@@ -782,6 +1254,8 @@ endpoint_open_nbd(struct ep_env *env, const char *spec,
   for (unsigned i = 0; i < p->n; i++)
     p->slots[i].c.fd = -1;
   r = nbd_connect_all(e, o, err, errlen);
+  if (r == CLIENT_HTTP_BODY)
+    p->http = NULL; /* the caller's again, with the connection */
   if (r < 0)
     goto fail;
   p->flush_reqs = calloc(p->n, sizeof *p->flush_reqs);

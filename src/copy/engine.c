@@ -107,6 +107,17 @@ struct engine {
   struct ep_op flush_op;
   bool flushing, flushed;
 
+  /* --checkpoint (copy_opts.checkpoint): one at a time, a FLUSH of the
+   * destination for the offset measured when it was sent, then the
+   * callback on a worker (it syncs a file: the loop never waits for a
+   * device). */
+  struct ep_op ckpt_op;
+  bool ckpt_busy;           /* ckpt_op is out (flush, or commit) */
+  bool ckpt_committing;     /* ... and it is the commit, on a worker */
+  uint64_t ckpt_below;      /* what the checkpoint under way vouches for */
+  uint64_t ckpt_committed;  /* the last offset handed to checkpoint */
+  uint64_t t_last_ckpt_us, t_ckpt_us;
+
   int failed;
   char *err;
   size_t errlen;
@@ -137,6 +148,39 @@ eng_min(uint64_t a, uint64_t b)
   return a < b ? a : b;
 }
 
+/* An NBD server that went away, said in words a user can act on: errno's
+ * own text for ESHUTDOWN ("Cannot send after transport endpoint
+ * shutdown") misleads. Writes the line and returns true, or returns false
+ * when err means something else. */
+static bool
+eng_fail_gone(struct engine *e, const char *what, const struct endpoint *ep,
+              uint64_t off, uint64_t len, int err, const char *msg)
+{
+  if (ep == NULL || strcmp(ep->ops->kind, "nbd") != 0 ||
+      (err != ESHUTDOWN && err != ECONNRESET && err != EPIPE))
+    return false;
+  char why[320];
+  if (err == ESHUTDOWN && !(msg && msg[0]))
+    snprintf(why, sizeof why, "the server is shutting down (it refused "
+             "the request with ESHUTDOWN)");
+  else if (err == ESHUTDOWN)
+    snprintf(why, sizeof why, "the server closed the connection (%s)", msg);
+  else
+    snprintf(why, sizeof why, "the server closed the connection (%s%s%s)",
+             strerror(err), msg && msg[0] ? ": " : "", msg ? msg : "");
+  char of[40] = "";
+  if (e->size != UINT64_MAX)
+    snprintf(of, sizeof of, " of %llu", (unsigned long long)e->size);
+  /* Only a copy (one with a destination) can retry. */
+  snprintf(e->err, e->errlen, "%s %s failed at offset %llu length %llu: %s, "
+           "after %llu%s bytes%s", what, ep->name, (unsigned long long)off,
+           (unsigned long long)len, why, (unsigned long long)e->st->done, of,
+           e->dst && !ep->retries
+               ? "; copy --retry=N[,DELAY] reconnects and carries on"
+               : "");
+  return true;
+}
+
 /* Records the first failure; later ones are consequences and stay quiet. */
 static void
 eng_fail(struct engine *e, const char *what, const struct endpoint *ep,
@@ -145,6 +189,8 @@ eng_fail(struct engine *e, const char *what, const struct endpoint *ep,
   if (e->failed)
     return;
   e->failed = err ? err : EIO;
+  if (eng_fail_gone(e, what, ep, off, len, e->failed, msg))
+    return;
   snprintf(e->err, e->errlen, "%s %s failed at offset %llu length %llu: %s%s%s",
            what, ep ? ep->name : "", (unsigned long long)off,
            (unsigned long long)len, strerror(e->failed),
@@ -553,6 +599,109 @@ eng_flush_done(struct engine *e)
              e->flush_op.errmsg);
 }
 
+/* ---- checkpoints ---- */
+
+/* Worker: the checkpoint callback, then back to the loop. */
+static void
+eng_ckpt_work(struct work *w)
+{
+  struct ep_op *op = (struct ep_op *)((char *)w - offsetof(struct ep_op,
+                                                          work));
+  struct engine *e = op->arg;
+  int r = e->o->checkpoint(e->o->checkpoint_arg, e->ckpt_below, op->errmsg,
+                           sizeof op->errmsg);
+  op->err = r < 0 ? -r : 0;
+  ep_env_complete(e->env, op);
+}
+
+/* Hands ckpt_below to the callback on a worker. */
+static void
+eng_ckpt_commit(struct engine *e)
+{
+  e->ckpt_op = (struct ep_op){ .done = eng_ctl_done, .arg = e,
+                               .ep = e->dst };
+  e->ckpt_op.work.fn = eng_ckpt_work;
+  e->ckpt_busy = e->ckpt_committing = true;
+  workq_push(e->env->wq, &e->ckpt_op.work);
+}
+
+static void
+eng_ckpt_done(struct engine *e)
+{
+  struct ep_op *op = &e->ckpt_op;
+  bool commit = e->ckpt_committing;
+  e->ckpt_busy = e->ckpt_committing = false;
+  if (op->err && !commit) {
+    eng_fail(e, "flush of", e->dst, 0, e->size, op->err, op->errmsg);
+    return;
+  }
+  if (op->err && !e->failed) {
+    /* Not eng_fail: the callback's sentence says it all. */
+    e->failed = op->err;
+    snprintf(e->err, e->errlen, "%s", op->errmsg);
+  }
+  if (op->err)
+    return;
+  if (commit)
+    e->ckpt_committed = e->ckpt_below;
+  else if (!e->failed)
+    eng_ckpt_commit(e); /* flushed: now it may be recorded */
+}
+
+/* Below this offset every byte has landed: the lowest piece still in
+ * flight, or the planner's position. Rounded down to COPY_CHUNK, so
+ * that a resumed --verify joins its digests. */
+static uint64_t
+eng_low_water(const struct engine *e)
+{
+  uint64_t w = e->pos;
+  for (size_t i = 0; i < e->cops_used; i++) {
+    const struct cop *c = &e->cops[i];
+    if (c->state != COP_FREE && c->offset < w)
+      w = c->offset;
+  }
+  if (e->size != UINT64_MAX && w >= e->size)
+    return e->size;
+  return w / COPY_CHUNK * COPY_CHUNK;
+}
+
+/* Starts a checkpoint for `below`: a FLUSH of the destination (where it
+ * has one), and the commit once that succeeded, so that a journal never
+ * names a byte that a crash of the server could still lose. */
+static void
+eng_ckpt_start(struct engine *e, uint64_t below)
+{
+  e->ckpt_below = below;
+  e->t_ckpt_us = loop_now_us();
+  if (!e->dst->can_flush) {
+    eng_ckpt_commit(e);
+    return;
+  }
+  e->ckpt_op = (struct ep_op){ .type = EP_FLUSH, .done = eng_ctl_done,
+                               .arg = e };
+  e->ckpt_busy = true;
+  int r = endpoint_submit(e->dst, &e->ckpt_op);
+  if (r < 0) {
+    e->ckpt_busy = false;
+    eng_fail(e, "flush of", e->dst, 0, e->size, -r, e->ckpt_op.errmsg);
+  }
+}
+
+/* About every checkpoint_us while the copy runs. */
+static void
+eng_checkpoint(struct engine *e)
+{
+  uint64_t now = loop_now_us();
+  if (e->o->checkpoint == NULL || e->dst == NULL || e->failed ||
+      e->abandoned || e->finished || e->ckpt_busy || e->flushing ||
+      now - e->t_last_ckpt_us < e->o->checkpoint_us)
+    return;
+  e->t_last_ckpt_us = now;
+  uint64_t below = eng_low_water(e);
+  if (below > e->ckpt_committed)
+    eng_ckpt_start(e, below);
+}
+
 static void
 eng_handle(struct engine *e, struct ep_op *op)
 {
@@ -565,6 +714,10 @@ eng_handle(struct engine *e, struct ep_op *op)
   }
   if (op == &e->flush_op) {
     eng_flush_done(e);
+    return;
+  }
+  if (op == &e->ckpt_op) {
+    eng_ckpt_done(e);
     return;
   }
   struct cop *c = op->arg;
@@ -839,7 +992,8 @@ eng_progress(struct engine *e, bool final)
   uint64_t now = loop_now_us();
   const struct copy_stats *st = e->st;
   double secs = (double)(now - e->t_start_us) / 1e6;
-  double mibs = secs > 0 ? (double)st->done / 1048576.0 / secs : 0;
+  double mibs = secs > 0 ? (double)(st->done - st->resumed) / 1048576.0 /
+                               secs : 0;
   uint64_t total = e->size == UINT64_MAX ? 0 : e->size;
   if (e->o->progress == COPY_PROGRESS_FD) {
     /* nbdcopy's format: "N/100" whenever N moves. 100 is the command's
@@ -853,14 +1007,18 @@ eng_progress(struct engine *e, bool final)
   } else if (e->o->progress == COPY_PROGRESS_JSON) {
     if (!final && now - e->t_last_print_us < 1000000)
       return;
+    uint64_t rc = e->src->reconnects + (e->dst ? e->dst->reconnects : 0);
+    uint64_t rs = e->src->resent_bytes + (e->dst ? e->dst->resent_bytes : 0);
     fprintf(stderr,
             "{\"phase\": \"%s\", \"done\": %llu, \"total\": %llu, "
             "\"percent\": %.1f, \"seconds\": %.2f, \"mib_per_s\": %.1f, "
-            "\"inflight\": %llu}\n",
+            "\"inflight\": %llu, \"reconnects\": %llu, "
+            "\"bytes_resent\": %llu}\n",
             e->o->label, (unsigned long long)st->done,
             (unsigned long long)total,
             total ? 100.0 * (double)st->done / (double)total : 100.0, secs,
-            mibs, (unsigned long long)e->inflight);
+            mibs, (unsigned long long)e->inflight, (unsigned long long)rc,
+            (unsigned long long)rs);
   } else if (e->o->progress == COPY_PROGRESS_BAR) {
     /* On a terminal a bar redrawn in place; in a log (no terminal) a
      * line every ENG_PROGRESS_LOG_US and one at the end. */
@@ -1020,7 +1178,8 @@ static bool
 eng_local_busy(const struct engine *e)
 {
   if ((e->ext_pending && !e->watched[0]) ||
-      (e->flushing && !e->watched[1]))
+      ((e->flushing || e->ckpt_busy) && !e->watched[1]) ||
+      e->ckpt_committing)
     return true;
   for (size_t i = 0; i < e->cops_used; i++) {
     const struct cop *c = &e->cops[i];
@@ -1045,7 +1204,8 @@ eng_check_finish(struct engine *e)
     }
     return;
   }
-  if (e->active > 0 || e->ext_pending || e->flushing || e->finished)
+  if (e->active > 0 || e->ext_pending || e->flushing || e->ckpt_busy ||
+      e->finished)
     return;
   if (!e->failed && eng_plan(e, &len, &zero) != PLAN_DONE)
     return;
@@ -1063,6 +1223,13 @@ eng_check_finish(struct engine *e)
     } else {
       return;
     }
+  }
+  if (!e->failed && e->o->checkpoint && e->dst && e->size != UINT64_MAX &&
+      e->ckpt_committed < e->size) {
+    /* Everything landed, and is flushed: recorded before the end. */
+    e->ckpt_below = e->size;
+    eng_ckpt_commit(e);
+    return;
   }
   e->finished = true;
   loop_stop(e->env->loop);
@@ -1168,6 +1335,8 @@ eng_watchdog(struct engine *e)
                     e->ext_op.length);
   if (e->flushing)
     eng_oldest_note(&w[1], e->t_flush_us, "flush", 0, e->size);
+  if (e->ckpt_busy && !e->ckpt_committing)
+    eng_oldest_note(&w[1], e->t_ckpt_us, "flush", 0, e->size);
   for (int i = 0; i < 2; i++) {
     if (!e->watched[i] || w[i].n == 0)
       continue;
@@ -1179,6 +1348,15 @@ eng_watchdog(struct engine *e)
     uint64_t lim = flush ? limit * ENG_FLUSH_TIMEOUT_FACTOR : limit;
     if (now - since < lim)
       continue;
+    struct endpoint *ep = i == 0 ? e->src : e->dst;
+    char why[200];
+    snprintf(why, sizeof why, "no reply for %u s with %u request%s in "
+             "flight", (unsigned)(lim / 1000000), w[i].n,
+             w[i].n == 1 ? "" : "s");
+    if (!e->failed && ep->ops->lost && ep->ops->lost(ep, why) == 0) {
+      e->t_reply_us[i] = now; /* reconnecting (--retry) */
+      continue;
+    }
     if (!e->failed) {
       /* Not eng_fail: the line also says how long and how many. */
       e->failed = ETIMEDOUT;
@@ -1231,7 +1409,20 @@ eng_check_signal(struct engine *e)
     if (loop_now_us() - e->t_signal_us < ENG_SIGNAL_GRACE_US)
       return;
     log_error("%s", e->err);
+    /* Death by the signal itself, as after a normal stop (cmd.h). */
+    signal(sig, SIG_DFL);
+    raise(sig);
     _exit(128 + sig);
+  }
+  if (!e->failed && e->flushing) {
+    /* Every byte was written and acknowledged; only the FLUSH that makes
+     * them durable had not been answered. */
+    e->failed = EINTR;
+    snprintf(e->err, e->errlen, "interrupted by %s during the final flush "
+             "of %s: all %llu bytes were written, but the flush was not "
+             "confirmed (data may still be in a cache, not on stable "
+             "storage)", sig == SIGINT ? "SIGINT" : "SIGTERM", e->dst->name,
+             (unsigned long long)e->st->done);
   }
   if (!e->failed) {
     e->failed = EINTR;
@@ -1258,8 +1449,14 @@ eng_tick(struct loop *l, void *arg)
   if (e->finished)
     return;
   ep_env_drain(e->env);
+  if (e->src->ops->tick)
+    e->src->ops->tick(e->src);
+  if (e->dst && e->dst->ops->tick)
+    e->dst->ops->tick(e->dst);
+  ep_env_drain(e->env); /* what a tick completed */
   eng_pump(e);
   eng_watchdog(e);
+  eng_checkpoint(e);
   eng_sample_tcp(e);
   eng_adapt(e);
   if (!e->finished)
@@ -1419,11 +1616,18 @@ copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
     return r;
   }
   st->total = e->size == UINT64_MAX ? 0 : e->size;
+  if (o->start) {
+    uint64_t s0 = e->size != UINT64_MAX && o->start > e->size ? e->size
+                                                              : o->start;
+    e->pos = e->ext_end = e->ckpt_committed = s0;
+    st->done = st->resumed = s0;
+  }
   st->request_size = e->rsize;
   st->data_path = e->send_file ? "sendfile" : "buffer";
   st->src_connections = src->connections;
   st->dst_connections = dst ? dst->connections : 0;
   e->t_start_us = e->t_last_print_us = e->t_last_adapt_us = loop_now_us();
+  e->t_last_ckpt_us = e->t_start_us;
   for (int i = 0; i < 2; i++) {
     const struct endpoint *ep = i == 0 ? src : dst;
     e->watched[i] = ep && strcmp(ep->ops->kind, "nbd") == 0;
@@ -1462,6 +1666,8 @@ copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
   st->window = e->window;
   st->src_connections = src->connections; /* later ones joined meanwhile */
   st->dst_connections = dst ? dst->connections : 0;
+  st->reconnects = src->reconnects + (dst ? dst->reconnects : 0);
+  st->resent = src->resent_bytes + (dst ? dst->resent_bytes : 0);
   if (r < 0 && !e->failed)
     eng_fail(e, "event loop", NULL, 0, 0, -r, NULL);
   if (!e->failed && e->o->progress != COPY_PROGRESS_NONE)

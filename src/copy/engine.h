@@ -87,6 +87,21 @@ struct copy_opts {
    * before the copy (dst NULL). NULL: not kept. */
   uint8_t *data_map;
   uint32_t data_map_block;
+  /* A resumed copy (--checkpoint): every byte below start has landed
+   * already; the copy begins there. A multiple of COPY_CHUNK, so that
+   * chunks (kept from start on, the first for [start, start +
+   * COPY_CHUNK)) join those of the part before. */
+  uint64_t start;
+  /* --checkpoint: about every checkpoint_us the destination is flushed
+   * (where it can be), then checkpoint(arg, below) is told an offset
+   * below which every byte has been acknowledged before that flush, a
+   * multiple of COPY_CHUNK or the size; and once more with the size
+   * after the final flush. Called on the loop thread; it may block
+   * briefly (an fsync). Returns 0, or -errno with a sentence in err to
+   * fail the copy. NULL: none. */
+  int (*checkpoint)(void *arg, uint64_t below, char *err, size_t errlen);
+  void *checkpoint_arg;
+  uint64_t checkpoint_us;
 };
 
 struct copy_stats {
@@ -95,6 +110,10 @@ struct copy_stats {
   uint64_t copied;        /* written as data */
   uint64_t zeroed;        /* written as zeroes (WRITE_ZEROES, punch) */
   uint64_t skipped;       /* needed no write at all */
+  uint64_t resumed;       /* landed in an earlier run (copy_opts.start),
+                             counted in done too */
+  uint64_t reconnects;    /* --retry: reconnections of both endpoints */
+  uint64_t resent;        /* --retry: WRITE bytes sent a second time */
   uint64_t requests;
   double seconds;
   uint64_t request_size;

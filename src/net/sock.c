@@ -50,6 +50,17 @@ sock_split_hostport(const char *s, char *host, char *port,
   return 0;
 }
 
+const char *
+sock_strerror(int err)
+{
+  if (sock_err_is_resolve(err)) {
+    /* glibc's EAI_* codes are negative; others' positive */
+    int code = -err - SOCK_EAI_BASE;
+    return gai_strerror(EAI_NONAME < 0 ? -code : code);
+  }
+  return strerror(-err);
+}
+
 int
 sock_listen_tcp(const char *host, const char *port, int *fds, int max)
 {
@@ -61,7 +72,7 @@ sock_listen_tcp(const char *host, const char *port, int *fds, int max)
 
   int r = getaddrinfo(host[0] ? host : NULL, port, &hints, &ai);
   if (r != 0)
-    return r == EAI_SYSTEM ? -errno : -EADDRNOTAVAIL;
+    return r == EAI_SYSTEM ? -errno : SOCK_ERR_RESOLVE(r);
   for (a = ai; a && n < max; a = a->ai_next) {
     int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
                     a->ai_protocol);
@@ -257,7 +268,7 @@ sock_connect_tcp(const char *host, const char *port, int timeout_ms,
 
   int r = getaddrinfo(host, port, &hints, &ai);
   if (r != 0)
-    return r == EAI_SYSTEM ? -errno : -EHOSTUNREACH;
+    return r == EAI_SYSTEM ? -errno : SOCK_ERR_RESOLVE(r);
   for (a = ai; a; a = a->ai_next) {
     int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC,
                     a->ai_protocol);

@@ -14,6 +14,20 @@
 int sock_split_hostport(const char *s, char *host, char *port,
                         const char *default_port);
 
+/* A host name the resolver could not turn into an address: the TCP
+ * functions below return SOCK_ERR_RESOLVE(EAI_* code) then, a value below
+ * any -errno, and sock_strerror says the resolver's reason ("Name or
+ * service not known") instead of an errno's text. */
+#define SOCK_EAI_BASE         10000
+#define SOCK_ERR_RESOLVE(eai) (-SOCK_EAI_BASE - ((eai) < 0 ? -(eai) : (eai)))
+static inline bool
+sock_err_is_resolve(int err)
+{
+  return err <= -SOCK_EAI_BASE;
+}
+/* The text of a -errno or a SOCK_ERR_RESOLVE value. */
+const char *sock_strerror(int err);
+
 /* Listening sockets (non-blocking, close-on-exec). sock_listen_tcp binds
  * every address host resolves to, up to max fds; returns how many. */
 int sock_listen_tcp(const char *host, const char *port, int *fds, int max);

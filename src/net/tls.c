@@ -587,6 +587,25 @@ tls_session_new(int fd, unsigned flags, char *err, size_t errlen)
   return ts;
 }
 
+/* A client with a PSK got the fatal alert a server sends for a key that
+ * does not match or a user it does not know (GnuTLS: illegal parameter
+ * for a TLS 1.3 binder that does not verify). */
+static bool
+tls_psk_refused(const struct tls_session *ts)
+{
+  if (ts->server || !ts->psk)
+    return false;
+  switch (gnutls_alert_get(ts->s)) {
+  case GNUTLS_A_ILLEGAL_PARAMETER:
+  case GNUTLS_A_DECRYPT_ERROR:
+  case GNUTLS_A_BAD_RECORD_MAC:
+  case GNUTLS_A_UNKNOWN_PSK_IDENTITY:
+    return true;
+  default:
+    return false;
+  }
+}
+
 int
 tls_handshake_step(struct transport *t, bool *want_write, char *err,
                    size_t errlen)
@@ -631,6 +650,12 @@ tls_handshake_step(struct transport *t, bool *want_write, char *err,
     /* TLS 1.3 reports a PSK binder that does not verify this way. */
     snprintf(extra, sizeof extra, " (with PSK: an unknown username, or "
              "another key)");
+  } else if (r == GNUTLS_E_FATAL_ALERT_RECEIVED && tls_psk_refused(ts)) {
+    /* GnuTLS's own words ("A TLS fatal alert has been received.
+     * (Illegal parameter)") leave the user to guess which parameter. */
+    tls_err(err, errlen, "the server rejected the PSK user name or key "
+            "(its alert: %s)", gnutls_alert_get_name(gnutls_alert_get(ts->s)));
+    return -EACCES;
   } else if (r == GNUTLS_E_FATAL_ALERT_RECEIVED) {
     snprintf(extra, sizeof extra, " (peer's alert: %s)",
              gnutls_alert_get_name(gnutls_alert_get(ts->s)));

@@ -471,6 +471,19 @@ backend_file_open(struct export *e, const char *path)
              "read-only", e->name, path);
     e->read_only = true;
     fp->fd = open(path, O_RDONLY | O_CLOEXEC);
+  } else if (fp->fd < 0 && (errno == EACCES || errno == EPERM) &&
+             !e->read_only) {
+    /* As nbdkit does: a file we may read but not write is served for
+     * reading, and the log says so (a -r makes it quiet). */
+    int err = errno;
+    fp->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fp->fd >= 0) {
+      log_warn("export \"%s\": %s cannot be opened for writing (%s); "
+               "serving it read-only", e->name, path, strerror(err));
+      e->read_only = true;
+    } else {
+      errno = err;
+    }
   }
   if (fp->fd < 0 || fstat(fp->fd, &st) < 0) {
     int err = errno;

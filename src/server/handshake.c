@@ -339,11 +339,12 @@ opt_info_go(struct conn *c, const uint8_t *data, uint32_t len)
               log_escape(esc, ir.name, ir.name_len));
     return 0;
   }
-  bool want_name = false, want_desc = false;
+  bool want_name = false, want_desc = false, want_sizes = false;
   for (uint16_t i = 0; i < ir.nreqs; i++) {
     uint16_t t = wire_get16(ir.reqs + 2 * i);
     want_name |= t == NBD_INFO_NAME;
     want_desc |= t == NBD_INFO_DESCRIPTION;
+    want_sizes |= t == NBD_INFO_BLOCK_SIZE;
   }
   uint8_t p[12];
   wire_put64(p, e->size);
@@ -354,13 +355,18 @@ opt_info_go(struct conn *c, const uint8_t *data, uint32_t len)
   if (want_desc && e->description)
     info_reply(c, NBD_INFO_DESCRIPTION, e->description,
                strlen(e->description));
-  wire_put32(p, 1);
+  wire_put32(p, e->min_block ? e->min_block : 1);
   wire_put32(p + 4, SERVER_PREFERRED_BLOCK);
   wire_put32(p + 8, SERVER_MAX_PAYLOAD);
   info_reply(c, NBD_INFO_BLOCK_SIZE, p, 12);
   opt_reply(c, NBD_REP_ACK, NULL, 0);
-  if (go)
+  if (go) {
+    /* §Size constraints: a GO that asks for them "MUST abide by the
+     * size constraints it receives"; any other client may not know
+     * them (SERVER_MAX_UNSIZED). */
+    c->sizes_agreed = want_sizes;
     transmission_start(c, e);
+  }
   return 0;
 }
 
@@ -468,6 +474,30 @@ opt_reads_data(uint32_t option)
   default:
     return false;
   }
+}
+
+int
+handshake_option_oversized(struct conn *c)
+{
+  uint32_t len = c->opt.length;
+  if (c->opt.option == NBD_OPT_EXPORT_NAME ||
+      !(c->cflags & NBD_FLAG_C_FIXED_NEWSTYLE)) {
+    /* No error reply exists for them: the close is the answer. */
+    conn_log(c, "option %s announces %u bytes of data, more than the %u "
+             "any option may have; closing the connection",
+             wire_opt_name(c->opt.option), len, SERVER_MAX_OPTION_DROP);
+    return -1;
+  }
+  opt_error(c, NBD_REP_ERR_TOO_BIG, "option data of %u bytes is beyond the "
+            "%u bytes any option may have; closing the connection", len,
+            SERVER_MAX_OPTION_DROP);
+  if (c->hs_failed)
+    return -1;
+  /* The data is never read: the stream cannot go on. handshake_flush
+   * closes once the reply is out, as after ABORT. */
+  c->state = CS_CLOSING;
+  c->dst = NULL;
+  return handshake_flush(c) < 0 ? -1 : 0;
 }
 
 int

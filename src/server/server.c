@@ -1,6 +1,7 @@
 /* server.c: listeners, the connection lifecycle, and the reading side of
  * every connection. See server.h for the threading rules. */
 #include "server.h"
+#include "server/xapi.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -87,7 +88,8 @@ conn_update_events(struct conn *c)
   if (c->dead)
     return;
   uint32_t ev = 0;
-  bool reading = !c->paused && c->state != CS_CLOSING && c->hs_out_len == 0;
+  bool reading = !c->paused && c->state != CS_CLOSING &&
+                 c->state != CS_REQ_PART && c->hs_out_len == 0;
   /* A TLS handshake waiting to write needs no read events (level
    * triggered, they would spin the loop). */
   if (c->state == CS_TLS_HANDSHAKE && c->want_out)
@@ -211,6 +213,8 @@ conn_step(struct conn *c)
     }
     if (c->opt.length == 0)
       return handshake_option(c);
+    if (c->opt.length > SERVER_MAX_OPTION_DROP)
+      return handshake_option_oversized(c);
     if (c->opt.length > SERVER_MAX_OPTION) {
       /* Never buffer a length a client made up: drop it as it comes
        * and answer with an error once it is gone. */
@@ -242,6 +246,7 @@ conn_step(struct conn *c)
     return transmission_payload(c);
   case CS_CLOSING:
   case CS_TLS_HANDSHAKE: /* never reads through conn_step */
+  case CS_REQ_PART:
     return 0;
   }
   return -1;
@@ -273,6 +278,7 @@ conn_splice_fallback(struct conn *c)
     q->pipe_len[i] = 0;
   }
   q->spliced = false;
+  q->part_len = c->need; /* run_write writes part_len bytes from buf */
   log_debug("%s: payload pipe full after %zu of %zu bytes; copying the rest",
             c->peer, c->have, c->need);
   size_t have = c->have;
@@ -359,7 +365,7 @@ static bool
 conn_may_read(struct conn *c)
 {
   if (c->dead || c->state == CS_CLOSING || c->state == CS_TLS_HANDSHAKE ||
-      c->hs_out_len > 0)
+      c->state == CS_REQ_PART || c->hs_out_len > 0)
     return false;
   /* Written under c->lock by workers; a stale read only delays reading
    * until the resume that follows every change. */
@@ -373,6 +379,10 @@ static void
 conn_read(struct conn *c)
 {
   size_t turn = 0;
+  if (c->state == CS_REQ_PART && !c->dead && transmission_part_next(c) < 0) {
+    conn_close(c, NULL);
+    return;
+  }
   while (conn_may_read(c)) {
     if (turn >= SERVER_TURN_BYTES) {
       c->yielded = true;
@@ -604,6 +614,52 @@ server_assign(struct server *s, int fd)
     close(fd);
   }
   return sl;
+}
+
+int
+server_take_slot(struct server *s)
+{
+  int r = 0;
+  pthread_mutex_lock(&s->lock);
+  if (s->cfg.max_connections && s->nconns >= s->cfg.max_connections)
+    r = -EBUSY;
+  else
+    s->nconns++;
+  pthread_mutex_unlock(&s->lock);
+  return r;
+}
+
+void
+server_release_slot(struct server *s)
+{
+  pthread_mutex_lock(&s->lock);
+  s->nconns--;
+  pthread_mutex_unlock(&s->lock);
+}
+
+int
+server_adopt(struct server *s, int fd)
+{
+  pthread_mutex_lock(&s->lock);
+  struct sloop *sl = &s->loops[0];
+  for (int i = 1; i < s->nloops; i++)
+    if (s->loops[i].nowned < sl->nowned)
+      sl = &s->loops[i];
+  if (sl->nhandoff == sl->handoff_cap) {
+    int cap = sl->handoff_cap ? 2 * sl->handoff_cap : 16;
+    int *h = realloc(sl->handoff, (size_t)cap * sizeof *h);
+    if (h == NULL) {
+      pthread_mutex_unlock(&s->lock);
+      return -ENOMEM;
+    }
+    sl->handoff = h;
+    sl->handoff_cap = cap;
+  }
+  sl->handoff[sl->nhandoff++] = fd;
+  sl->nowned++;
+  pthread_mutex_unlock(&s->lock);
+  loop_wake(sl->loop);
+  return 0;
 }
 
 static void
@@ -926,9 +982,14 @@ server_listen(struct server *s)
     /* "::1:20004" is one IPv6 address with the default port, which is
      * rarely what was meant. */
     bool bare_v6 = strchr(host, ':') != NULL && spec[0] != '[';
+    const char *hint = bare_v6 ? " (an IPv6 address with a port is written "
+                                 "[ADDRESS]:PORT)" : "";
+    if (sock_err_is_resolve(n)) {
+      log_error("cannot resolve %s: %s%s", host, sock_strerror(n), hint);
+      return -EADDRNOTAVAIL;
+    }
     log_error("cannot listen on %s port %s: %s%s", host, port, strerror(-n),
-              bare_v6 ? " (an IPv6 address with a port is written "
-                        "[ADDRESS]:PORT)" : "");
+              hint);
     return n;
   }
   s->nlisten = n;
@@ -1046,6 +1107,7 @@ server_join_loops(struct server *s)
 static void
 server_cleanup(struct server *s)
 {
+  xapi_stop(s); /* its sessions write into exports and hand over fds */
   server_join_loops(s);
   for (int i = 0; i < s->nloops; i++) {
     struct sloop *sl = &s->loops[i];
@@ -1153,6 +1215,8 @@ server_run(struct server_config *cfg, char **export_args, int nexports)
       goto cleanup;
     }
   }
+  if (xapi_start(&s, main_loop) < 0)
+    goto cleanup;
   /* The stop signals are blocked: without this descriptor SIGTERM would
    * never reach the server. */
   sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);

@@ -31,7 +31,25 @@
 #define SERVER_DEFAULT_INFLIGHT 32
 #define SERVER_MAX_PAYLOAD (32u << 20) /* advertised maximum block size */
 #define SERVER_PREFERRED_BLOCK 4096
+/* A client that never agreed to our block sizes (EXPORT_NAME, or GO
+ * without NBD_INFO_BLOCK_SIZE) may not know SERVER_MAX_PAYLOAD, and
+ * "SHOULD" then be served requests up to the export's size (§Size
+ * constraints; nbd-server's test client reads 42 MiB at once). Its READs
+ * and WRITEs up to this length are served, in pieces of SERVER_PIECE
+ * (the only buffer they take, and what they count against
+ * SERVER_CONN_BUDGET); longer ones are refused as from any client. The
+ * limit keeps one request from holding its connection for minutes. */
+#define SERVER_MAX_UNSIZED (1u << 30)
+#define SERVER_PIECE (4u << 20)
 #define SERVER_MAX_OPTION (64u << 10) /* option data we agree to buffer */
+/* Option data up to this is dropped as it comes and the option answered
+ * after it (ERR_TOO_BIG, ERR_UNSUP...), and haggling goes on; a length
+ * announced beyond it is answered at once with ERR_TOO_BIG, and the
+ * connection closed. No option needs it (the largest this server takes
+ * is SERVER_MAX_OPTION; a string is at most 4096 bytes), and reading a
+ * made-up 4 GiB to its end would hold the client until the handshake
+ * timeout. nbdkit closes past 64 MiB. */
+#define SERVER_MAX_OPTION_DROP (1u << 20)
 /* Payload bytes (READ data, WRITE payloads, buffered or spliced) one
  * connection may hold for requests in flight. A header whose request
  * would go past it waits, reading paused, until replies free room; one
@@ -75,6 +93,8 @@
 
 struct server_config {
   const char *listen;  /* HOST:PORT, NULL for the default */
+  const char *http_listen;    /* --http HOST:PORT (server/xapi.h), or NULL */
+  const char *chunked_listen; /* --chunked-listen HOST:PORT, or NULL */
   const char *unix_path;
   bool read_only;
   int max_connections;  /* 0: unlimited */
@@ -133,6 +153,7 @@ struct server {
   /* Atomic: shutting down until then; 0 while serving. */
   uint64_t stop_deadline_ms;
 
+  struct xapi *xapi;     /* the xapi listeners and sessions, or NULL */
   pthread_mutex_t lock; /* nconns, and each loop's fields marked so */
   int nconns;           /* live connections, every loop's */
 };
@@ -147,6 +168,7 @@ enum conn_state {
   CS_REQ_PAYLOAD,
   CS_REQ_DISCARD, /* WRITE payload of a request that already failed */
   CS_REQ_SPLICE,  /* WRITE payload moving socket -> the request's pipe */
+  CS_REQ_PART,    /* a worker writes a piece of a long WRITE: no reading */
   CS_CLOSING,     /* no more reading; close when the last reply is out */
 };
 
@@ -193,6 +215,16 @@ struct req {
   bool spliced;       /* this WRITE's payload is in the pipes, not buf */
   bool on_loop;       /* this WRITE runs on the loop that read it */
   bool write_locked;  /* the loop took exp->write_lock for this WRITE */
+  /* The part of the request buf holds: a WRITE's payload bytes
+   * [part_off, part_off + part_len) (all of it but for a long request,
+   * SERVER_MAX_UNSIZED), or the piece of a long READ being sent.
+   * part_left: bytes after that part still to read (from the socket for
+   * a WRITE, from the export for a READ). part_done: a worker has
+   * written a WRITE's part (under c->lock). */
+  uint64_t part_off;
+  size_t part_len;
+  uint64_t part_left;
+  bool part_done;
 };
 
 struct conn {
@@ -232,6 +264,7 @@ struct conn {
   struct export *meta_export; /* last SET_META_CONTEXT's export, or NULL */
   bool meta_base_allocation;  /* base:allocation selected */
   struct export *exp;         /* after GO / EXPORT_NAME */
+  bool sizes_agreed; /* GO asked NBD_INFO_BLOCK_SIZE: it keeps to them */
 
   /* Handshake output, flushed before reading more. Owned here. */
   uint8_t *hs_out;
@@ -257,6 +290,10 @@ struct conn {
   bool unacked;         /* bytes read since the last forced ACK */
   bool in_resume;       /* on sl->resume (under srv->lock) */
   struct req *sendq, *sendq_tail; /* replies waiting for the socket */
+  /* A long READ whose reply has partly left and whose next piece a
+   * worker is reading: nothing else may be sent until it has. Owned by
+   * that worker, not by the send queue. */
+  struct req *streaming;
   struct req *free_reqs;
   int nfree;
 
@@ -272,6 +309,10 @@ void handshake_start(struct conn *c);
  * discarded). Returns 0, or -1 to close the connection. */
 int handshake_option(struct conn *c);
 int handshake_flags(struct conn *c);
+/* The option header just read announces more than SERVER_MAX_OPTION_DROP
+ * bytes: answered without reading them. Returns 0 (the connection closes
+ * once the answer is out), or -1 to close now. */
+int handshake_option_oversized(struct conn *c);
 /* Appends to the handshake output. */
 void handshake_queue(struct conn *c, const void *p, size_t len);
 /* Sends what is queued without blocking: 1 when everything left, 0 when
@@ -288,6 +329,10 @@ int transmission_header(struct conn *c);
 int transmission_payload(struct conn *c);
 /* Flushes the send queue (loop thread, EPOLLOUT). Returns -1 if dead. */
 int transmission_flush(struct conn *c);
+/* In CS_REQ_PART: once the worker has written the part, reading goes on
+ * with the next one (or drops the rest after a failure). Loop thread.
+ * Returns 0, or -1 to close. */
+int transmission_part_next(struct conn *c);
 
 /* server.c, for the other two */
 void conn_expect(struct conn *c, enum conn_state s, void *dst, size_t need);
@@ -307,6 +352,14 @@ conn_nlogged(struct conn *c)
 {
   return __atomic_load_n(&c->nlogged, __ATOMIC_RELAXED);
 }
+/* For sessions outside the loops (server/xapi.c): a place under
+ * --max-connections (0, or -EBUSY when full), its release, and the
+ * hand-over of a socket that holds one to a loop as an NBD connection
+ * (0, or -ENOMEM: the caller still owns fd and its place). Any thread. */
+int server_take_slot(struct server *s);
+void server_release_slot(struct server *s);
+int server_adopt(struct server *s, int fd);
+
 struct export *server_find_export(struct server *s, const uint8_t *name,
                                   size_t len);
 /* Loop thread, under c->lock: sets the epoll events from the state. */

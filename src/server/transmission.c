@@ -45,6 +45,9 @@ req_get(struct conn *c)
   q->file_left = 0;
   q->file_ended = false;
   q->cost = 0;
+  q->part_off = q->part_left = 0;
+  q->part_len = 0;
+  q->part_done = false;
   q->c = c;
   q->error = 0;
   q->errmsg = NULL;
@@ -162,6 +165,25 @@ req_read_buf(struct req *q)
   return false;
 }
 
+/* Keeps the first n extents a backend gave within len bytes, cutting the
+ * one that crosses it; returns how many are left. The backends promise
+ * no more than the range (export.h), but the data is read into a buffer
+ * of len bytes and the lengths go out as 32-bit fields: a backend that
+ * broke the promise must not write past either. */
+static int
+extents_clip(struct extent *ext, int n, uint64_t len)
+{
+  uint64_t sum = 0;
+  for (int i = 0; i < n; i++) {
+    if (ext[i].length > len - sum)
+      ext[i].length = len - sum;
+    sum += ext[i].length;
+    if (ext[i].length == 0 || sum == len)
+      return ext[i].length == 0 ? i : i + 1;
+  }
+  return n;
+}
+
 /* Structured READ: one chunk per data or zero extent (§NBD_CMD_READ). */
 static void
 read_structured(struct req *q)
@@ -184,6 +206,7 @@ read_structured(struct req *q)
     n = e->ops->extents(e, off, len, ext, REQ_MAX_CHUNKS - 1);
   if (n <= 0)
     n = 0;
+  n = extents_clip(ext, n, len);
   /* Cover the whole range: what the map did not describe is data. */
   uint64_t covered = 0;
   for (int i = 0; i < n; i++) {
@@ -241,12 +264,78 @@ read_structured(struct req *q)
   }
 }
 
+/* Worker: reads the next piece of a READ longer than SERVER_MAX_PAYLOAD
+ * (SERVER_MAX_UNSIZED) into buf, at part_off, and builds what of the
+ * reply goes with it. Simple replies, and chunked ones with DF, are one
+ * header for the whole length (sent with the first piece) and data
+ * piece after piece: a piece that fails after the header has left can
+ * only cut the connection, as §Simple reply message says of a simple
+ * READ. Without DF, each piece is a data chunk of its own, and one that
+ * fails ends the reply with an error chunk. */
+static void
+read_long_part(struct req *q)
+{
+  struct conn *c = q->c;
+  struct export *e = c->exp;
+  bool first = q->part_off == 0;
+  bool chunks = c->structured && !(q->r.flags & NBD_CMD_FLAG_DF);
+  uint64_t left = q->r.length - q->part_off;
+  size_t len = left < SERVER_PIECE ? (size_t)left : SERVER_PIECE;
+  uint64_t off = q->r.offset + q->part_off;
+
+  q->part_len = len;
+  q->part_left = left - len;
+  q->iovcnt = 0;
+  int r = req_reserve(q, SERVER_PIECE) < 0 ? -ENOMEM
+          : e->ops->pread(e, q->buf, len, off);
+  if (r < 0) {
+    q->part_left = 0;
+    if (first || chunks) {
+      conn_log(c, "export \"%s\": READ offset %llu length %zu: %s", e->name,
+               (unsigned long long)off, len, strerror(-r));
+      req_fail(q, -r, "read failed");
+      reply_error(q);
+      return;
+    }
+    conn_log(c, "export \"%s\": READ offset %llu length %zu: %s; the "
+             "reply's header has left, so the connection is cut", e->name,
+             (unsigned long long)off, len, strerror(-r));
+    pthread_mutex_lock(&c->lock);
+    c->send_failed = true; /* the loop closes: req_send resumes it */
+    pthread_mutex_unlock(&c->lock);
+    return;
+  }
+  uint8_t *h = q->hdr;
+  if (chunks) {
+    uint16_t done = q->part_left == 0 ? NBD_REPLY_FLAG_DONE : 0;
+    h += wire_encode_chunk(h, c->extended, done, NBD_REPLY_TYPE_OFFSET_DATA,
+                           q->r.cookie, q->r.offset, 8 + (uint64_t)len);
+    wire_put64(h, off);
+    h += 8;
+  } else if (first && c->structured) {
+    h += wire_encode_chunk(h, c->extended, NBD_REPLY_FLAG_DONE,
+                           NBD_REPLY_TYPE_OFFSET_DATA, q->r.cookie,
+                           q->r.offset, 8 + q->r.length);
+    wire_put64(h, off);
+    h += 8;
+  } else if (first) {
+    h += wire_encode_simple_reply(h, q->r.cookie, 0);
+  }
+  if (h > q->hdr)
+    reply_iov(q, q->hdr, (size_t)(h - q->hdr));
+  reply_iov(q, q->buf, len);
+}
+
 static void
 run_read(struct req *q)
 {
   struct conn *c = q->c;
   struct export *e = c->exp;
 
+  if (q->r.length > SERVER_MAX_PAYLOAD) {
+    read_long_part(q);
+    return;
+  }
   if (c->structured) {
     read_structured(q);
     return;
@@ -292,6 +381,8 @@ run_block_status(struct req *q)
     return;
   }
   int n = e->ops->extents(e, q->r.offset, q->r.length, q->ext, max);
+  if (n > 0)
+    n = extents_clip(q->ext, n, q->r.length);
   if (n <= 0) {
     conn_log(c, "export \"%s\": BLOCK_STATUS offset %llu: %s", e->name,
              (unsigned long long)q->r.offset, strerror(n < 0 ? -n : EIO));
@@ -372,7 +463,8 @@ run_write(struct req *q, bool fua)
   if (q->spliced)
     r = req_splice_out(q, fua);
   else
-    r = e->ops->pwrite(e, q->buf, q->r.length, q->r.offset, fua);
+    r = e->ops->pwrite(e, q->buf, q->part_len, q->r.offset + q->part_off,
+                       fua);
   if (lock || q->write_locked)
     pthread_mutex_unlock(e->write_serial);
   q->write_locked = q->on_loop = false;
@@ -444,15 +536,19 @@ req_run(struct work *w)
 
 /* Hands the reply to the transport: 1 when the transport has taken all of
  * it (q's buffers are free again; the transport may still hold bytes for
- * its flush), 0 when the rest must wait, -errno on failure. flags: 0, or
- * TRANSPORT_SEND_MORE when another reply follows at once. Under c->lock. */
+ * its flush), 2 when it has taken the piece of a long READ that buf held
+ * and the next must be read (part_left), 0 when the rest must wait,
+ * -errno on failure. flags: 0, or TRANSPORT_SEND_MORE when another reply
+ * follows at once. Under c->lock. */
 static int
 req_try_send(struct conn *c, struct req *q, int flags)
 {
   while (q->iov_left > 0) {
     /* A header whose data follows from the file waits for it (MSG_MORE),
-     * so that the two leave in the same segments. */
-    int more = q->file_left > 0 ? TRANSPORT_SEND_MORE : flags;
+     * so that the two leave in the same segments; a piece whose next
+     * one is still to be read waits for nothing. */
+    int more = q->file_left > 0 ? TRANSPORT_SEND_MORE
+               : q->part_left > 0 ? 0 : flags;
     ssize_t n = c->t.ops->sendv(&c->t, q->iov_cur, q->iov_left, more);
     if (n == -EAGAIN)
       return 0;
@@ -500,7 +596,7 @@ req_try_send(struct conn *c, struct req *q, int flags)
     q->file_off += (uint64_t)n;
     q->file_left -= (size_t)n;
   }
-  return 1;
+  return q->r.type == NBD_CMD_READ && q->part_left > 0 ? 2 : 1;
 }
 
 /* A request holding cost payload bytes fits beside what the requests in
@@ -560,15 +656,31 @@ req_finish_locked(struct conn *c, struct req *q)
   return resume;
 }
 
+/* Worker: the piece of a long READ that buf held has left; the next is
+ * read into it and sent, the connection's other replies waiting behind
+ * (c->streaming). */
+static void
+req_refill(struct work *w)
+{
+  struct req *q = (struct req *)w;
+  q->part_off += q->part_len;
+  read_long_part(q);
+  req_send(q);
+}
+
 static void
 req_send(struct req *q)
 {
   struct conn *c = q->c;
-  bool resume = false;
+  bool resume = false, refill = false;
 
   q->iov_cur = q->iov;
   q->iov_left = q->iovcnt;
   pthread_mutex_lock(&c->lock);
+  /* A long READ's later piece goes before anything queued meanwhile. */
+  bool streamed = c->streaming == q;
+  if (streamed)
+    c->streaming = NULL;
   if (c->dead) {
     req_release_locked(c, q);
     pthread_mutex_unlock(&c->lock);
@@ -576,8 +688,9 @@ req_send(struct req *q)
     conn_put(c);
     return;
   }
-  int r = c->sendq ? 0 : req_try_send(c, q, 0);
-  if (r == 1) {
+  bool wait = !streamed && (c->sendq != NULL || c->streaming != NULL);
+  int r = wait ? 0 : req_try_send(c, q, 0);
+  if (r == 1 || r == 2) {
     /* What the transport still holds (a TLS record the socket did not
      * take) goes on EPOLLOUT; the reply itself is done. */
     int f = c->t.ops->flush(&c->t);
@@ -588,16 +701,30 @@ req_send(struct req *q)
       c->send_failed = true;
     }
   }
-  bool finished = r != 0; /* a queued reply keeps its reference */
-  if (r == 1) {
+  bool finished = r == 1 || r < 0; /* a queued reply keeps its reference */
+  if (r == 2) {
+    c->streaming = q; /* q keeps its reference */
+    refill = true;
+  } else if (r == 1) {
     resume = req_finish_locked(c, q) || c->send_failed || resume;
+    if (streamed && c->sendq && !c->want_out) {
+      c->want_out = true; /* what waited behind it */
+      resume = true;
+    }
   } else if (r == 0) {
-    if (c->sendq_tail)
-      c->sendq_tail->next = q;
-    else
+    if (streamed) {
+      q->next = c->sendq;
       c->sendq = q;
-    c->sendq_tail = q;
-    q->next = NULL;
+      if (c->sendq_tail == NULL)
+        c->sendq_tail = q;
+    } else {
+      if (c->sendq_tail)
+        c->sendq_tail->next = q;
+      else
+        c->sendq = q;
+      c->sendq_tail = q;
+      q->next = NULL;
+    }
     if (!c->want_out) {
       c->want_out = true; /* the loop arms EPOLLOUT */
       resume = true;
@@ -613,6 +740,10 @@ req_send(struct req *q)
     resume = true;
   }
   pthread_mutex_unlock(&c->lock);
+  if (refill) {
+    q->work.fn = req_refill;
+    workq_push_owned(c->srv->workq, &q->work, &c->work_owner);
+  }
   if (resume)
     conn_resume(c);
   if (finished)
@@ -624,8 +755,11 @@ transmission_flush(struct conn *c)
 {
   int puts = 0, ret = 0;
   bool rearm = false;
+  struct req *refill = NULL;
   pthread_mutex_lock(&c->lock);
-  while (c->sendq) {
+  /* While a long READ's next piece is read (c->streaming), nothing else
+   * may leave; its worker sends it and asks for EPOLLOUT again. */
+  while (c->sendq && c->streaming == NULL) {
     struct req *q = c->sendq;
     /* Replies queued together leave together: only the last one
      * uncorks. */
@@ -639,10 +773,14 @@ transmission_flush(struct conn *c)
     c->sendq = q->next;
     if (c->sendq == NULL)
       c->sendq_tail = NULL;
+    if (r == 2) {
+      c->streaming = refill = q;
+      break;
+    }
     rearm |= req_finish_locked(c, q);
     puts++;
   }
-  if (ret == 0 && c->sendq == NULL) {
+  if (ret == 0 && (c->sendq == NULL || c->streaming)) {
     int r = c->t.ops->flush(&c->t);
     if (r < 0 && r != -EAGAIN)
       ret = -1;
@@ -654,12 +792,27 @@ transmission_flush(struct conn *c)
   bool done = c->closing && c->inflight == 0 && c->sendq == NULL &&
               !c->want_out;
   pthread_mutex_unlock(&c->lock);
+  if (refill) {
+    refill->work.fn = req_refill;
+    workq_push_owned(c->srv->workq, &refill->work, &c->work_owner);
+  }
   while (puts-- > 0)
     conn_put(c); /* the loop's own reference keeps c alive here */
   return (ret < 0 || done) ? -1 : 0;
 }
 
 /* ---- reading requests ---- */
+
+/* A READ or WRITE over SERVER_MAX_PAYLOAD served in pieces: from a
+ * client that never agreed to our block sizes, up to SERVER_MAX_UNSIZED.
+ * Any other client MUST keep to them (§Size constraints) and is refused. */
+static bool
+req_is_long(const struct conn *c, const struct wire_request *r)
+{
+  return (r->type == NBD_CMD_READ || r->type == NBD_CMD_WRITE) &&
+         r->length > SERVER_MAX_PAYLOAD && r->length <= SERVER_MAX_UNSIZED &&
+         !c->sizes_agreed;
+}
 
 static uint32_t
 req_check(struct conn *c, const struct wire_request *r, char *why,
@@ -729,9 +882,12 @@ req_check(struct conn *c, const struct wire_request *r, char *why,
     bool grows = r->type == NBD_CMD_WRITE || r->type == NBD_CMD_WRITE_ZEROES;
     return grows ? NBD_ENOSPC : NBD_EINVAL;
   }
-  if (r->type == NBD_CMD_READ && r->length > SERVER_MAX_PAYLOAD) {
-    snprintf(why, wl, "READ of %llu bytes exceeds the maximum %u",
-             (unsigned long long)r->length, SERVER_MAX_PAYLOAD);
+  if (r->type == NBD_CMD_READ && r->length > SERVER_MAX_PAYLOAD &&
+      !req_is_long(c, r)) {
+    snprintf(why, wl, "READ of %llu bytes exceeds the maximum %u%s",
+             (unsigned long long)r->length,
+             c->sizes_agreed ? SERVER_MAX_PAYLOAD : SERVER_MAX_UNSIZED,
+             c->sizes_agreed ? " the client agreed to" : "");
     /* §NBD_CMD_READ: a client of chunked replies is told to expect
      * EOVERFLOW for a read too large, and to retry smaller. */
     bool chunked = c->structured || c->extended;
@@ -865,11 +1021,14 @@ req_use_splice(struct conn *c, struct req *q, uint64_t payload)
 }
 
 /* Payload bytes a request holds while in flight: its READ data, or its
- * WRITE payload (in buf or in pipes). payload is at most
- * SERVER_MAX_PAYLOAD. */
+ * WRITE payload (in buf or in pipes); one piece of a long one
+ * (SERVER_PIECE). payload is at most SERVER_MAX_PAYLOAD, or long. */
 static size_t
-req_cost(const struct wire_request *r, uint64_t payload)
+req_cost(const struct conn *c, const struct wire_request *r,
+         uint64_t payload)
 {
+  if (req_is_long(c, r) || payload > SERVER_MAX_PAYLOAD)
+    return SERVER_PIECE; /* a piece at a time, or dropped */
   if (r->type == NBD_CMD_READ && r->length <= SERVER_MAX_PAYLOAD)
     return (size_t)r->length;
   return (size_t)payload;
@@ -928,13 +1087,22 @@ transmission_header(struct conn *c)
   bool has_payload = c->extended ? (r.flags & NBD_CMD_FLAG_PAYLOAD_LEN)
                                  : r.type == NBD_CMD_WRITE;
   uint64_t payload = has_payload ? r.length : 0;
-  if (payload > SERVER_MAX_PAYLOAD) {
-    conn_log(c, "%s payload of %llu bytes exceeds the maximum %u",
-           wire_cmd_name(r.type), (unsigned long long)payload,
-           SERVER_MAX_PAYLOAD);
+  /* From a client that never agreed to block sizes, a payload up to
+   * SERVER_MAX_UNSIZED is taken: a WRITE's in pieces, any other's
+   * dropped after req_check refuses it. */
+  bool unsized = payload > SERVER_MAX_PAYLOAD &&
+                 payload <= SERVER_MAX_UNSIZED && !c->sizes_agreed;
+  bool long_write = unsized && r.type == NBD_CMD_WRITE;
+  if (payload > SERVER_MAX_PAYLOAD && !unsized) {
+    /* §Size constraints: a payload past the maximum may be taken for a
+     * denial of service, and the stream cut. */
+    conn_log(c, "%s payload of %llu bytes exceeds the maximum %u%s",
+             wire_cmd_name(r.type), (unsigned long long)payload,
+             c->sizes_agreed ? SERVER_MAX_PAYLOAD : SERVER_MAX_UNSIZED,
+             c->sizes_agreed ? " the client agreed to" : "");
     return -1;
   }
-  size_t cost = req_cost(&r, payload);
+  size_t cost = req_cost(c, &r, payload);
   if (!conn_admit(c, cost))
     return 0;
   struct req *q = req_get(c);
@@ -950,7 +1118,16 @@ transmission_header(struct conn *c)
   } else if (server_stopping(c->srv)) {
     q->error = NBD_ESHUTDOWN; /* §Terminating the transmission phase */
     q->errmsg = "the server is shutting down";
+  } else if (long_write) {
+    /* Read and written a piece at a time (transmission_payload). */
+    if (req_reserve(q, SERVER_PIECE) < 0) {
+      q->error = NBD_ENOMEM;
+    } else {
+      q->part_len = SERVER_PIECE;
+      q->part_left = payload - SERVER_PIECE;
+    }
   } else if (payload > 0 && req_use_splice(c, q, payload)) {
+    q->part_len = (size_t)payload; /* for conn_splice_fallback's buf */
     q->spliced = true;
     c->last_spliced = true;
     conn_expect(c, CS_REQ_SPLICE, NULL, payload);
@@ -958,12 +1135,13 @@ transmission_header(struct conn *c)
   } else if (q->r.type == NBD_CMD_WRITE) {
     /* A READ's buffer is taken by the worker, and only if the data does
      * not leave from the file (req_read_buf). */
+    q->part_len = (size_t)q->r.length;
     if (req_reserve(q, q->r.length) < 0)
       q->error = NBD_ENOMEM;
   }
   c->last_spliced = false;
   if (payload > 0 && q->error == 0) {
-    conn_expect(c, CS_REQ_PAYLOAD, q->buf, payload);
+    conn_expect(c, CS_REQ_PAYLOAD, q->buf, q->part_len);
     return 0;
   }
   if (payload > 0) { /* keep the stream in step: drop the payload */
@@ -977,9 +1155,75 @@ transmission_header(struct conn *c)
   return 0;
 }
 
+/* Worker: writes one part of a long WRITE (not its last, which runs as
+ * the request), then asks the loop to read the next. */
+static void
+req_run_part(struct work *w)
+{
+  struct req *q = (struct req *)w;
+  struct conn *c = q->c;
+  int r = run_write(q, false); /* FUA goes with the last part */
+  if (r < 0) {
+    conn_log(c, "export \"%s\": WRITE offset %llu length %zu: %s",
+             c->exp->name, (unsigned long long)(q->r.offset + q->part_off),
+             q->part_len, strerror(-r));
+    req_fail(q, -r, strerror(-r));
+  }
+  pthread_mutex_lock(&c->lock);
+  q->part_done = true;
+  pthread_mutex_unlock(&c->lock);
+  conn_resume(c);
+  conn_put(c);
+}
+
 int
 transmission_payload(struct conn *c)
 {
-  req_dispatch(c, c->cur);
+  struct req *q = c->cur;
+  if (q->part_left > 0 && q->error == 0) {
+    /* A part of a long WRITE: written before its buffer takes the next,
+     * and reading waits meanwhile (CS_REQ_PART). */
+    c->state = CS_REQ_PART;
+    c->dst = NULL;
+    pthread_mutex_lock(&c->lock);
+    c->refs++; /* the worker's, for the part */
+    conn_update_events(c);
+    pthread_mutex_unlock(&c->lock);
+    q->work.fn = req_run_part;
+    workq_push_owned(c->srv->workq, &q->work, &c->work_owner);
+    return 0;
+  }
+  req_dispatch(c, q);
+  return 0;
+}
+
+int
+transmission_part_next(struct conn *c)
+{
+  struct req *q = c->cur;
+  pthread_mutex_lock(&c->lock);
+  bool done = q->part_done;
+  q->part_done = false;
+  pthread_mutex_unlock(&c->lock);
+  if (!done)
+    return 0;
+  q->part_off += q->part_len;
+  if (q->error) {
+    /* Keep the stream in step: the rest is dropped, then the error sent
+     * (transmission_payload). */
+    c->discard_left = q->part_left;
+    q->part_left = 0;
+    size_t n = c->discard_left < sizeof c->discard_buf
+                   ? (size_t)c->discard_left : sizeof c->discard_buf;
+    conn_expect(c, CS_REQ_DISCARD, c->discard_buf, n);
+  } else {
+    q->part_len = q->part_left < SERVER_PIECE ? (size_t)q->part_left
+                                              : SERVER_PIECE;
+    q->part_left -= q->part_len;
+    conn_expect(c, CS_REQ_PAYLOAD, q->buf, q->part_len);
+  }
+  pthread_mutex_lock(&c->lock);
+  conn_update_events(c);
+  pthread_mutex_unlock(&c->lock);
   return 0;
 }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 enum log_level log_threshold = LOG_INFO;
+const char *log_prefix = "nbdflow";
 
 void
 log_msg(enum log_level level, const char *fmt, ...)
@@ -18,7 +19,7 @@ log_msg(enum log_level level, const char *fmt, ...)
 
   if (level > log_threshold)
     return;
-  int n = snprintf(line, sizeof line, "nbdflow: %s", tag[level]);
+  int n = snprintf(line, sizeof line, "%.64s: %s", log_prefix, tag[level]);
   va_start(ap, fmt);
   int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
   va_end(ap);

@@ -8,6 +8,10 @@ enum log_level { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG };
 
 /* Set once at start-up, before any thread starts. */
 extern enum log_level log_threshold;
+/* What every line starts with: "nbdflow COMMAND" once the command is
+ * known (main sets it before running it), "nbdflow" before. Not copied:
+ * the string must live as long as the process. */
+extern const char *log_prefix;
 
 void log_msg(enum log_level level, const char *fmt, ...)
   __attribute__((format(printf, 2, 3)));

@@ -72,6 +72,10 @@ SANITIZER_MARKS = ("AddressSanitizer", "LeakSanitizer",
                    "UndefinedBehaviorSanitizer", "runtime error:")
 
 WAIT = IO_TIMEOUT          # for an answer the model says is due
+OPTION_DROP_MAX = 1 << 20  # option data the server reads at most
+UNSIZED_MAX = 1 << 30      # READ/WRITE from a client that did not agree
+                           # to block sizes (EXPORT_NAME, or GO without
+                           # NBD_INFO_BLOCK_SIZE)
 
 
 # ---- the client script: messages made of named fields ----
@@ -345,6 +349,18 @@ def analyze(sent, recv, clean):
         if not cflags & FLAG_C_FIXED_NEWSTYLE and option != OPT_EXPORT_NAME:
             return closing(r, "option %d without fixed newstyle" % option,
                            True)
+        if length > OPTION_DROP_MAX:
+            # Answered at once, never read: ERR_TOO_BIG and a close, or
+            # the close alone for EXPORT_NAME.
+            if option != OPT_EXPORT_NAME:
+                v = option_replies(r, option, st)
+                if isinstance(v, Verdict):
+                    return v
+                check(v[0] == REP_ERR_TOO_BIG, "option %d announcing %d "
+                      "bytes answered with %s, not ERR_TOO_BIG"
+                      % (option, length, repname(v[0])))
+            return closing(r, "option %d announcing %d bytes"
+                           % (option, length), True)
         if s.left() < length:
             return idle(r, "data of option %d (%d bytes)" % (option, length),
                         True)
@@ -358,6 +374,7 @@ def analyze(sent, recv, clean):
             st["size"], st["tflags"] = struct.unpack(">QH", r.take(10))
             r.take(n - 10)
             check(st["size"] == EXPORTS[data], "EXPORT_NAME size")
+            st["maxpay"] = UNSIZED_MAX
             break
         v = option_replies(r, option, st)
         if isinstance(v, Verdict):
@@ -383,8 +400,24 @@ def analyze(sent, recv, clean):
             check(INFO_EXPORT in infos, "%s ACKed without NBD_INFO_EXPORT"
                   % ("GO" if option == OPT_GO else "INFO"))
             if option == OPT_GO:
+                if not go_asks_sizes(data):
+                    st["maxpay"] = UNSIZED_MAX
                 break
     return transmission(s, r, st, clean)
+
+
+def go_asks_sizes(data):
+    """Whether GO's data asks for NBD_INFO_BLOCK_SIZE, which binds the
+    client to the limits (§Size constraints)."""
+    if len(data) < 6:
+        return False
+    nl = struct.unpack(">I", data[:4])[0]
+    if 4 + nl + 2 > len(data):
+        return False
+    n = struct.unpack(">H", data[4 + nl:6 + nl])[0]
+    reqs = data[6 + nl:6 + nl + 2 * n]
+    return any(struct.unpack(">H", reqs[i:i + 2])[0] == INFO_BLOCK_SIZE
+               for i in range(0, len(reqs) - 1, 2))
 
 
 def idle(r, what, handshake):

@@ -1,10 +1,10 @@
 #!/bin/bash
 # Bad arguments to copy, info and sum fail with one line that names what
-# is wrong, and where: a count out of range (usage error, exit 2), a URI
-# error that names the URI (a copy has two), a mistyped URI (never taken
-# for a file name), a directory where an image was expected, a missing or
-# extra name, a JSON report that would follow the image on stdout, output
-# to a full disk.
+# is wrong, and where: a count out of range (usage error, exit 2), a
+# malformed NBD URI (a usage error too) that names the URI (a copy has
+# two), a mistyped URI (never taken for a file name), a directory where an
+# image was expected, a missing or extra name, a JSON report that would
+# follow the image on stdout, output to a full disk.
 . "$(dirname "$0")/lib.sh"
 tmpdir_make
 make_random "$TMP/src.img" 1
@@ -29,25 +29,25 @@ refused 2 "--inflight: at most 16G, not '8E'" \
     copy --inflight 8E "$TMP/src.img" null:
 refused 1 "error: 'sparse:1M:64K:0': need 0 < DATA <= PERIOD" \
     copy sparse:1M:64K:0 null:
-refused 1 "error: nbd://127.0.0.1:99999/: port out of range: '99999'" \
+refused 2 "error: nbd://127.0.0.1:99999/: port out of range: '99999'" \
     copy "$TMP/src.img" nbd://127.0.0.1:99999/
-refused 1 "error: nbd://127.0.0.1/?frob=1: unknown query parameter 'frob'" \
+refused 2 "error: nbd://127.0.0.1/?frob=1: unknown query parameter 'frob'" \
     copy nbd://127.0.0.1/?frob=1 "$TMP/out.img"
-refused 1 "error: nbd+unix:///x: a Unix socket URI needs ?socket=PATH" \
+refused 2 "error: nbd+unix:///x: a Unix socket URI needs ?socket=PATH" \
     info nbd+unix:///x
 refused 1 "error: size of $TMP: Is a directory" sum "$TMP"
 refused 1 "error: size of $TMP: Is a directory" copy "$TMP" null:
 # A mistyped URI is an error, never a local file of that name (created
 # as a destination, or "No such file" as a source).
 cd "$TMP" || fail "cd $TMP"
-refused 1 "error: nbd:mem: 'nbd:' must be followed by '//'" \
+refused 2 "error: nbd:mem: 'nbd:' must be followed by '//'" \
     copy "$TMP/src.img" nbd:mem
-refused 1 "error: nbd+unix:mem: 'nbd+unix:' must be followed by '//'" \
+refused 2 "error: nbd+unix:mem: 'nbd+unix:' must be followed by '//'" \
     copy "$TMP/src.img" nbd+unix:mem
-refused 1 "error: nbd+tcp://h/x: unknown scheme 'nbd+tcp'" \
+refused 2 "error: nbd+tcp://h/x: unknown scheme 'nbd+tcp'" \
     copy nbd+tcp://h/x "$TMP/out.img"
 refused 1 "error: http://h/x: unknown scheme 'http'" info http://h/x
-refused 1 "error: nbds:/h/x: 'nbds:' must be followed by '//'" sum nbds:/h/x
+refused 2 "error: nbds:/h/x: 'nbds:' must be followed by '//'" sum nbds:/h/x
 for f in nbd:mem nbd+unix:mem out.img; do
     [ ! -e "$TMP/$f" ] || fail "a refused copy created $f"
 done
@@ -69,17 +69,17 @@ note "ok: --json escapes the names"
 # The image on stdout is not followed by a JSON report.
 refused 2 "--json writes its report to stdout" \
     copy --json "$TMP/src.img" -
-refused 2 "copy: no DESTINATION given after '$TMP/src.img'" \
+refused 2 "nbdflow copy: error: no DESTINATION given after '$TMP/src.img'" \
     copy "$TMP/src.img"
-refused 2 "copy: no SOURCE or DESTINATION given" copy
+refused 2 "nbdflow copy: error: no SOURCE or DESTINATION given" copy
 refused 2 "('c' is extra)" copy a b c
 refused 2 "--allocated writes every zero range and --destination-is-zero" \
     copy --allocated --destination-is-zero "$TMP/src.img" "$TMP/o.img"
 refused 2 "--progress: expected nothing or =json, not 'jsn'" \
     sum --progress=jsn "$TMP/src.img"
-refused 2 "info: no TARGET given" info
-refused 2 "sum: one SRC only" sum a b
-refused 2 "serve: no export given" serve
+refused 2 "nbdflow info: error: no TARGET given" info
+refused 2 "nbdflow sum: error: one SRC only" sum a b
+refused 2 "nbdflow serve: error: no export given" serve
 refused 2 "--list and --map do not go together" info --list --map nbd://h/
 # An unknown option: getopt's line, then where the help is (not all of it).
 rc=0

@@ -2,9 +2,10 @@
 # SIGINT or SIGTERM during a copy or a sum: it stops within a second or
 # two even when the server is stuck (the requests in flight are
 # abandoned) or a local read blocks (a pipe nobody writes), says how far
-# it got in one line, and exits with 128 + the signal, as a shell reports
-# it. It never reports success. A SIGINT ignored from the start (a
-# script's background job) stays ignored.
+# it got in one line, and dies by the signal (a shell reports 128 + the
+# signal; copy-signals.sh tells the death from an exit). It never reports
+# success. A SIGINT ignored from the start (a script's background job)
+# stays ignored.
 . "$(dirname "$0")/lib.sh"
 need nbdkit
 tmpdir_make

@@ -28,6 +28,9 @@ Modes (what READ replies and the handshake do):
               bytes that are not UTF-8 and a real UTF-8 letter
   nulname     NBD_INFO_NAME and the LIST name hold a NUL byte, which
               the spec forbids in a string
+  longlist    LIST answered with a name of 5000 bytes (a string MUST be
+              at most 4096)
+  manylist    LIST answered with 4097 names of 4096 bytes (16 MiB in all)
   extmagic    READ answered by a 16-byte header with the extended reply
               magic (DONE, NONE), though extended headers were not asked
   extgood     agrees to extended headers and then follows them: 32-byte
@@ -218,6 +221,14 @@ def handshake(s):
             opt_reply(s, opt, 1)
             if opt == 7:
                 return ext
+        elif opt == 3 and MODE in ("longlist", "manylist"):  # LIST
+            # One name longer than a string may be, or 4097 of the
+            # longest, 16 MiB and more in all.
+            n, ln = (1, 5000) if MODE == "longlist" else (4097, 4096)
+            for i in range(n):
+                name = (b"%05d" % i) + b"x" * (ln - 5)
+                opt_reply(s, opt, 2, struct.pack(">I", len(name)) + name)
+            opt_reply(s, opt, 1)
         elif opt == 3 and MODE in ("evilnames", "nulname"):  # LIST
             name = EVIL_LIST if MODE == "evilnames" else NUL_NAME
             opt_reply(s, opt, 2, struct.pack(">I", len(name)) + name)

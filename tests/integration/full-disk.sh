@@ -1,5 +1,6 @@
 #!/bin/bash
 # full-disk.sh: a file system that fills up in the middle of a copy.
+# (qemu-nbd's export on it too: our copy fails with ENOSPC named.)
 # - nbdflow copy into a local file: one error line naming the file, the
 #   offset, the length and ENOSPC, a non-zero exit, no report.
 # - nbdflow serve with its export on that file system: each client (ours,
@@ -13,6 +14,7 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need nbdcopy libnbd-bin
 need qemu-img qemu-utils
+need qemu-nbd qemu-utils
 private_tmpfs 4 "$@"
 fs=$TMP/fs
 
@@ -88,6 +90,23 @@ n=$(grep -c "WRITE offset 4194304 length 65536: No space" "$SERVER_LOG") || true
 note "ok: 40 refused writes, 16 lines and a note that the rest are not"
 ! grep -qi "error:" "$SERVER_LOG" ||
     fail "a full disk is a client's failure, not the server's: $(cat "$SERVER_LOG")"
+
+# 3. qemu-nbd with its export on the same full file system: our copy is
+# told ENOSPC too, and says so in one line.
+truncate -s 8M "$fs/qemu.img"
+qemu-nbd -f raw -t -k "$TMP/qemu.sock" "$fs/qemu.img" >"$TMP/qemu.log" 2>&1 &
+qemu_pid=$!
+SERVER_PIDS+=("$qemu_pid")
+wait_for test -S "$TMP/qemu.sock"
+rc=0
+"$NBDFLOW" copy --json "$TMP/src.img" "$(uri "$TMP/qemu.sock")" \
+    >"$TMP/out" 2>"$TMP/err" || rc=$?
+check_copy_failed "nbdflow copy into qemu-nbd whose disk is full" "$rc" \
+    "No space left on device"
+kill -TERM "$qemu_pid"
+wait "$qemu_pid" 2>/dev/null || true
+forget_pid "$qemu_pid"
+rm -f "$fs/qemu.img"
 
 # Room again: the same server takes a whole copy, each client in turn.
 mount -o remount,size=16M "$fs" || fail "cannot grow the tmpfs"

@@ -27,15 +27,15 @@ for port in 99999 65536 http -5; do
 done
 refuse 'bad --listen address "127.0.0.1:": want HOST:PORT' \
     --listen 127.0.0.1: null:1M
-refuse 'cannot listen on ::1:20004 port 10809: .*\(an IPv6 address with a port is written \[ADDRESS\]:PORT\)$' \
+refuse 'cannot resolve ::1:20004: .*\(an IPv6 address with a port is written \[ADDRESS\]:PORT\)$' \
     --listen ::1:20004 null:1M
 refuse 'export "memory:100T": cannot reserve 100T of memory: ' memory:100T
-refuse '^nbdflow: error: --description: longer than 4096 bytes$' \
+refuse '^nbdflow serve: error: --description: longer than 4096 bytes$' \
     --description "$(head -c 4097 /dev/zero | tr '\0' d)" null:1M
 
 # Port 0: the kernel picks a port; the log says which, and it serves.
 serve_start --listen 127.0.0.1:0 null:1M
-port=$(sed -n 's/^nbdflow: listening on 127\.0\.0\.1:\([0-9]*\)$/\1/p' \
+port=$(sed -n 's/^nbdflow serve: listening on 127\.0\.0\.1:\([0-9]*\)$/\1/p' \
        "$SERVER_LOG")
 [ -n "$port" ] && [ "$port" -gt 0 ] ||
     fail "no bound port in the log: $(cat "$SERVER_LOG")"

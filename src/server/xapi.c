@@ -1,0 +1,753 @@
+/* xapi.c: see xapi.h. */
+#include "server/xapi.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "net/loop.h"
+#include "net/sock.h"
+#include "net/tls.h"
+#include "net/transport.h"
+#include "proto/chunked.h"
+#include "proto/http.h"
+#include "server/server.h"
+#include "util/log.h"
+
+enum xapi_kind { XAPI_HTTP, XAPI_CHUNKED };
+
+/* Payloads are spliced socket -> pipe on the session's thread, and each
+ * full pipe is written into the export by a worker (pipe -> file), so that
+ * several writes run while the socket is read on: one thread allocating
+ * the file's pages was the stream's ceiling. */
+#define XAPI_PIPES 4
+
+struct xsess;
+struct xpipe {
+  struct work work;       /* first: the worker's handle */
+  struct xsess *ss;
+  int fd[2];
+  uint64_t off;
+  size_t len;
+  bool busy;              /* under ss->wlock */
+};
+
+struct xsess {
+  struct xapi *x;
+  int fd;
+  enum xapi_kind kind;
+  struct transport tp;
+  char peer[80];
+  bool handed_over;       /* the fd became an NBD connection */
+  int npipes;             /* 0: no splicing (TLS, a backend without it) */
+  struct xpipe pipes[XAPI_PIPES];
+  size_t pipe_size;
+  struct export *exp;     /* what the pipes write into */
+  pthread_mutex_t wlock;
+  pthread_cond_t wcond;
+  unsigned wbusy;         /* pipes a worker holds, under wlock */
+  int werr;               /* the first write error, under wlock */
+  char werrmsg[160];
+  struct xsess *prev, *next;
+};
+
+struct xapi {
+  struct server *s;
+  int fds[2 * SERVER_MAX_LISTEN];
+  enum xapi_kind kinds[2 * SERVER_MAX_LISTEN];
+  int nfds;
+  struct loop *loop;
+  pthread_mutex_t lock;
+  pthread_cond_t idle;
+  struct xsess *sessions; /* under lock */
+  int active;             /* under lock */
+  bool stopping;          /* under lock */
+};
+
+/* ---- reading and answering ---- */
+
+static int
+xs_left(uint64_t deadline)
+{
+  uint64_t now = loop_now_ms();
+  return now >= deadline ? 0 : (int)(deadline - now);
+}
+
+static void
+xs_answer(struct xsess *ss, int status, const char *reason,
+          const char *extra, const char *body)
+{
+  char buf[512];
+  int n = snprintf(buf, sizeof buf,
+                   "HTTP/1.1 %d %s\r\nConnection: close\r\n%s"
+                   "Content-Length: %zu\r\n\r\n%s",
+                   status, reason, extra ? extra : "",
+                   body ? strlen(body) + 1 : 0, body ? body : "");
+  if (n > 0 && (size_t)n < sizeof buf - 1 && body)
+    buf[n++] = '\n';
+  if (n > 0 && (size_t)n <= sizeof buf)
+    (void)transport_send_buf(&ss->tp, buf, (size_t)n, 0, 5000);
+}
+
+/* Refuses the request: the status to the client, one line to the log. */
+static void
+xs_refuse(struct xsess *ss, int status, const char *reason, const char *fmt,
+          ...) __attribute__((format(printf, 4, 5)));
+static void
+xs_refuse(struct xsess *ss, int status, const char *reason, const char *fmt,
+          ...)
+{
+  char why[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof why, fmt, ap);
+  va_end(ap);
+  log_warn("%s: http: %d %s: %s", ss->peer, status, reason, why);
+  xs_answer(ss, status, reason, NULL, why);
+}
+
+/* Reads the request head a byte at a time (so that nothing of the body
+ * or of an NBD session is taken). Its length, or -errno after logging. */
+static ssize_t
+xs_read_head(struct xsess *ss, char *buf, size_t cap, uint64_t deadline)
+{
+  size_t have = 0, end = 0;
+  while (end == 0) {
+    if (have == cap) {
+      xs_refuse(ss, 431, "Request Header Fields Too Large",
+                "the request head is over %zu bytes", cap);
+      return -EMSGSIZE;
+    }
+    int r = transport_recv_all(&ss->tp, buf + have, 1, xs_left(deadline));
+    if (r < 0) {
+      if (have || r != -ECONNRESET)
+        log_warn("%s: http: %s after %zu bytes of the request head",
+                 ss->peer, r == -ETIMEDOUT ? "timed out" : strerror(-r),
+                 have);
+      return r;
+    }
+    if (have == 0 && (unsigned char)buf[0] == 0 && ss->kind == XAPI_HTTP) {
+      /* Not text: an NBD client or a Chunked stream at the wrong port. */
+      log_warn("%s: http: the first byte is not HTTP (a binary protocol "
+               "at the HTTP port?)", ss->peer);
+      return -EPROTO;
+    }
+    have++;
+    end = http_head_end(buf, have);
+  }
+  return (ssize_t)end;
+}
+
+/* ---- writing into an export ---- */
+
+static int
+xs_pwrite(struct export *e, const void *buf, uint64_t len, uint64_t off)
+{
+  if (e->write_serial)
+    pthread_mutex_lock(e->write_serial);
+  int r = e->ops->pwrite(e, buf, len, off, false);
+  if (e->write_serial)
+    pthread_mutex_unlock(e->write_serial);
+  return r;
+}
+
+/* Moves n bytes of body from the socket into pipe fd: 0, or -errno
+ * (-ECONNRESET at EOF). */
+static int
+xs_splice_pipe(struct xsess *ss, int fd, size_t n)
+{
+  while (n > 0) {
+    ssize_t k = splice(ss->fd, NULL, fd, NULL, n,
+                       SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+    if (k > 0) {
+      n -= (size_t)k;
+    } else if (k == 0) {
+      return -ECONNRESET;
+    } else if (errno == EAGAIN) {
+      struct pollfd pfd = { .fd = ss->fd, .events = POLLIN };
+      int pr = poll(&pfd, 1, XAPI_IDLE_MS);
+      if (pr == 0)
+        return -ETIMEDOUT;
+      if (pr < 0 && errno != EINTR)
+        return -errno;
+    } else if (errno != EINTR) {
+      return -errno;
+    }
+  }
+  return 0;
+}
+
+/* Worker: writes one full pipe into the export. */
+static void
+xs_pipe_write(struct work *w)
+{
+  struct xpipe *xp = (struct xpipe *)w;
+  struct xsess *ss = xp->ss;
+  struct export *e = ss->exp;
+  if (e->write_serial)
+    pthread_mutex_lock(e->write_serial);
+  int r = e->ops->splice_in(e, xp->fd[0], xp->len, xp->off, false);
+  if (e->write_serial)
+    pthread_mutex_unlock(e->write_serial);
+  pthread_mutex_lock(&ss->wlock);
+  if (r < 0 && ss->werr == 0) {
+    ss->werr = r;
+    snprintf(ss->werrmsg, sizeof ss->werrmsg, "writing %zu bytes at offset "
+             "%llu of export \"%s\": %s", xp->len,
+             (unsigned long long)xp->off, e->name, strerror(-r));
+  }
+  xp->busy = false;
+  ss->wbusy--;
+  pthread_cond_broadcast(&ss->wcond);
+  pthread_mutex_unlock(&ss->wlock);
+}
+
+/* Waits until no worker holds a pipe; the first write error, or 0. */
+static int
+xs_wait_writes(struct xsess *ss, char *why, size_t whylen)
+{
+  if (ss->npipes == 0)
+    return 0;
+  pthread_mutex_lock(&ss->wlock);
+  while (ss->wbusy > 0)
+    pthread_cond_wait(&ss->wcond, &ss->wlock);
+  int r = ss->werr;
+  if (r && why)
+    snprintf(why, whylen, "%s", ss->werrmsg);
+  pthread_mutex_unlock(&ss->wlock);
+  return r;
+}
+
+/* A free pipe whose write cannot overlap [off, off + len) of one still
+ * running (a later frame may rewrite an earlier one's bytes), or NULL
+ * after a write failed. */
+static struct xpipe *
+xs_take_pipe(struct xsess *ss, uint64_t off, size_t len)
+{
+  struct xpipe *free_one = NULL;
+  pthread_mutex_lock(&ss->wlock);
+  for (;;) {
+    bool overlap = false;
+    free_one = NULL;
+    for (int i = 0; i < ss->npipes; i++) {
+      struct xpipe *xp = &ss->pipes[i];
+      if (!xp->busy)
+        free_one = free_one ? free_one : xp;
+      else if (xp->off < off + len && off < xp->off + xp->len)
+        overlap = true;
+    }
+    if (ss->werr || (free_one && !overlap))
+      break;
+    pthread_cond_wait(&ss->wcond, &ss->wlock);
+  }
+  if (ss->werr)
+    free_one = NULL;
+  pthread_mutex_unlock(&ss->wlock);
+  return free_one;
+}
+
+/* Says why a frame's payload stopped DONE bytes into its LEN at OFF. */
+static void
+xs_short_body(char *why, size_t whylen, int r, uint64_t done, uint64_t len,
+              uint64_t off)
+{
+  snprintf(why, whylen, "%s %llu bytes into the %llu at offset %llu",
+           r == -ECONNRESET ? "the sender closed the connection"
+           : r == -ETIMEDOUT ? "nothing came for the idle timeout"
+                             : strerror(-r),
+           (unsigned long long)done, (unsigned long long)len,
+           (unsigned long long)off);
+}
+
+/* Reads len bytes of body into e at off, in pieces of at most buf's
+ * size (of a pipe's, spliced and written by workers, where the session
+ * has pipes: the last of them may still be running on return). 0, or
+ * -errno with what failed in why. */
+static int
+xs_body_into(struct xsess *ss, struct export *e, uint8_t *buf, size_t cap,
+             uint64_t off, uint64_t len, char *why, size_t whylen)
+{
+  if (ss->npipes > 0) {
+    for (uint64_t done = 0; done < len;) {
+      size_t n = len - done < ss->pipe_size ? (size_t)(len - done)
+                                            : ss->pipe_size;
+      struct xpipe *xp = xs_take_pipe(ss, off + done, n);
+      if (xp == NULL)
+        return xs_wait_writes(ss, why, whylen);
+      int r = xs_splice_pipe(ss, xp->fd[1], n);
+      if (r < 0) {
+        /* What reached the pipe is dropped with it: nothing of a frame
+         * that did not arrive whole is written from this piece on. */
+        char drain[4096];
+        while (read(xp->fd[0], drain, sizeof drain) > 0)
+          ;
+        xs_short_body(why, whylen, r, done, len, off);
+        return r;
+      }
+      xp->off = off + done;
+      xp->len = n;
+      pthread_mutex_lock(&ss->wlock);
+      xp->busy = true;
+      ss->wbusy++;
+      pthread_mutex_unlock(&ss->wlock);
+      xp->work.fn = xs_pipe_write;
+      workq_push(ss->x->s->workq, &xp->work);
+      done += n;
+    }
+    return 0;
+  }
+  for (uint64_t done = 0; done < len;) {
+    size_t n = len - done < cap ? (size_t)(len - done) : cap;
+    int r = transport_recv_all(&ss->tp, buf, n, XAPI_IDLE_MS);
+    if (r < 0) {
+      xs_short_body(why, whylen, r, done, len, off);
+      return r;
+    }
+    r = xs_pwrite(e, buf, n, off + done);
+    if (r < 0) {
+      snprintf(why, whylen, "writing %zu bytes at offset %llu of export "
+               "\"%s\": %s", n, (unsigned long long)(off + done), e->name,
+               strerror(-r));
+      return r;
+    }
+    done += n;
+  }
+  return 0;
+}
+
+/* One Chunked stream into e, to its end marker; then a flush. */
+/* Splicing needs a plain socket and a backend that takes pipes. */
+static void
+xs_pipe_setup(struct xsess *ss, struct export *e)
+{
+  ss->exp = e;
+  if (ss->tp.ops != &transport_plain_ops || e->ops->splice_in == NULL)
+    return;
+  for (int i = 0; i < XAPI_PIPES; i++) {
+    struct xpipe *xp = &ss->pipes[i];
+    if (pipe2(xp->fd, O_CLOEXEC | O_NONBLOCK) < 0)
+      break;
+    int sz = fcntl(xp->fd[1], F_SETPIPE_SZ, 1 << 20);
+    size_t got = sz > 0 ? (size_t)sz : 65536;
+    if (ss->pipe_size == 0 || got < ss->pipe_size)
+      ss->pipe_size = got;
+    xp->ss = ss;
+    ss->npipes++;
+  }
+}
+
+static int
+xs_chunked(struct xsess *ss, struct export *e)
+{
+  xs_pipe_setup(ss, e);
+  uint8_t *buf = malloc(CHUNKED_MAX_FRAME);
+  if (buf == NULL) {
+    log_error("%s: chunked: out of memory", ss->peer);
+    return -ENOMEM;
+  }
+  uint64_t frames = 0, bytes = 0;
+  char why[256];
+  int r;
+  for (;;) {
+    uint8_t hdr[CHUNKED_HEADER_LEN];
+    r = transport_recv_all(&ss->tp, hdr, sizeof hdr, XAPI_IDLE_MS);
+    if (r == -ECONNRESET) {
+      log_warn("%s: chunked into \"%s\": the stream ended without its end "
+               "marker after %llu frames (%llu bytes): incomplete, not "
+               "flushed", ss->peer, e->name, (unsigned long long)frames,
+               (unsigned long long)bytes);
+      break;
+    }
+    if (r < 0) {
+      log_warn("%s: chunked into \"%s\": reading frame %llu's header: %s",
+               ss->peer, e->name, (unsigned long long)frames,
+               r == -ETIMEDOUT ? "nothing came for the idle timeout"
+                               : strerror(-r));
+      break;
+    }
+    struct chunked_header h;
+    chunked_get(hdr, &h);
+    if (chunked_is_end(&h)) {
+      r = xs_wait_writes(ss, why, sizeof why);
+      if (r < 0) {
+        log_warn("%s: chunked into \"%s\": %s; not flushed", ss->peer,
+                 e->name, why);
+        break;
+      }
+      r = e->ops->flush(e);
+      if (r < 0)
+        log_warn("%s: chunked into \"%s\": flush after %llu bytes: %s",
+                 ss->peer, e->name, (unsigned long long)bytes,
+                 strerror(-r));
+      else
+        log_info("%s: chunked into \"%s\": %llu bytes in %llu frames, "
+                 "flushed", ss->peer, e->name, (unsigned long long)bytes,
+                 (unsigned long long)frames);
+      break;
+    }
+    int bad = chunked_check(&h, e->size);
+    if (bad) {
+      r = -bad;
+      log_warn("%s: chunked into \"%s\": frame %llu at offset %llu, length "
+               "%lu: %s; stopped, nothing of it written", ss->peer, e->name,
+               (unsigned long long)frames, (unsigned long long)h.offset,
+               (unsigned long)h.length,
+               bad == EMSGSIZE ? "a length of 2^31 or more"
+                               : "beyond the export's end");
+      break;
+    }
+    r = xs_body_into(ss, e, buf, CHUNKED_MAX_FRAME, h.offset, h.length, why,
+                     sizeof why);
+    if (r < 0) {
+      log_warn("%s: chunked into \"%s\": frame %llu: %s", ss->peer, e->name,
+               (unsigned long long)frames, why);
+      break;
+    }
+    frames++;
+    bytes += h.length;
+  }
+  free(buf);
+  return r;
+}
+
+/* ---- HTTP requests ---- */
+
+static struct export *
+xs_export(struct xsess *ss, const char *name)
+{
+  return server_find_export(ss->x->s, (const uint8_t *)name, strlen(name));
+}
+
+static void
+xs_import(struct xsess *ss, const struct http_request *rq)
+{
+  char vdi[256], fmt[32];
+  int r = http_query_get(rq->query, "vdi", vdi, sizeof vdi);
+  if (r <= 0) {
+    xs_refuse(ss, 400, "Bad Request", "import_raw_vdi needs vdi=NAME");
+    return;
+  }
+  r = http_query_get(rq->query, "format", fmt, sizeof fmt);
+  if (r > 0 && strcmp(fmt, "raw") != 0) {
+    xs_refuse(ss, 400, "Bad Request", "format=%s: only format=raw is "
+              "received here", fmt);
+    return;
+  }
+  struct export *e = xs_export(ss, vdi);
+  if (e == NULL) {
+    xs_refuse(ss, 404, "Not Found", "no export \"%s\"", vdi);
+    return;
+  }
+  if (e->read_only) {
+    xs_refuse(ss, 403, "Forbidden", "export \"%s\" is read-only", vdi);
+    return;
+  }
+  if (!rq->chunked && !rq->has_length) {
+    xs_refuse(ss, 411, "Length Required", "a raw body needs a "
+              "Content-Length (or send Chunked with a 'chunked' key)");
+    return;
+  }
+  if (!rq->chunked && rq->content_length > e->size) {
+    xs_refuse(ss, 413, "Content Too Large", "a body of %llu bytes into "
+              "export \"%s\" of %llu", (unsigned long long)rq->content_length,
+              vdi, (unsigned long long)e->size);
+    return;
+  }
+  xs_answer(ss, 200, "OK", NULL, NULL);
+  if (rq->chunked) {
+    (void)xs_chunked(ss, e);
+    return;
+  }
+  uint8_t *buf = malloc(CHUNKED_MAX_FRAME);
+  char why[256] = "";
+  if (buf == NULL)
+    return;
+  xs_pipe_setup(ss, e);
+  r = xs_body_into(ss, e, buf, CHUNKED_MAX_FRAME, 0, rq->content_length, why,
+                   sizeof why);
+  if (r == 0)
+    r = xs_wait_writes(ss, why, sizeof why);
+  free(buf);
+  if (r == 0)
+    r = e->ops->flush(e);
+  if (r < 0)
+    log_warn("%s: raw body into \"%s\": %s", ss->peer, e->name,
+             why[0] ? why : strerror(-r));
+  else
+    log_info("%s: raw body into \"%s\": %llu bytes, flushed", ss->peer,
+             e->name, (unsigned long long)rq->content_length);
+}
+
+static void
+xs_nbd(struct xsess *ss, const char *name)
+{
+  if (xs_export(ss, name) == NULL) {
+    xs_refuse(ss, 404, "Not Found", "no export \"%s\"", name);
+    return;
+  }
+  if (tls_is_tls(&ss->tp)) {
+    xs_refuse(ss, 501, "Not Implemented", "NBD inside HTTPS is not "
+              "served: use nbds:// to the NBD port");
+    return;
+  }
+  xs_answer(ss, 200, "OK", "Transfer-encoding: nbd\r\n", NULL);
+  /* The content length of 0 told nothing: NBD follows at once. */
+  ss->tp.ops->free(&ss->tp);
+  ss->tp.ops = NULL;
+  if (server_adopt(ss->x->s, ss->fd) == 0)
+    ss->handed_over = true;
+}
+
+static void
+xs_http(struct xsess *ss)
+{
+  struct server *s = ss->x->s;
+  uint64_t deadline = loop_now_ms() +
+                      (uint64_t)(s->cfg.handshake_timeout > 0
+                                     ? s->cfg.handshake_timeout : 30) * 1000;
+  if (s->tls) {
+    char err[256];
+    bool ww;
+    int r = tls_server_start(&ss->tp, s->tls, err, sizeof err);
+    while (r == 0 && (r = tls_handshake_step(&ss->tp, &ww, err,
+                                             sizeof err)) == -EAGAIN) {
+      struct pollfd pfd = { .fd = ss->fd, .events = ww ? POLLOUT : POLLIN };
+      int left = xs_left(deadline);
+      if (left == 0 || poll(&pfd, 1, left) == 0) {
+        snprintf(err, sizeof err, "timed out");
+        r = -ETIMEDOUT;
+        break;
+      }
+      r = 0;
+    }
+    if (r < 0) {
+      log_warn("%s: https: TLS handshake: %s", ss->peer, err);
+      return;
+    }
+  }
+  static __thread char head[HTTP_MAX_HEAD];
+  ssize_t n = xs_read_head(ss, head, sizeof head, deadline);
+  if (n < 0)
+    return;
+  struct http_request rq;
+  char err[256];
+  int r = http_parse_request(head, (size_t)n, &rq, err, sizeof err);
+  if (r < 0) {
+    xs_refuse(ss, r == -EMSGSIZE ? 414 : 400,
+              r == -EMSGSIZE ? "URI Too Long" : "Bad Request", "%s", err);
+    return;
+  }
+  if (rq.has_te) {
+    xs_refuse(ss, 400, "Bad Request", "a Transfer-Encoding header: the "
+              "body is raw (Content-Length) or Chunked (a 'chunked' key), "
+              "never HTTP-encoded");
+    return;
+  }
+  if (strcmp(rq.method, "PUT") != 0) {
+    xs_refuse(ss, 405, "Method Not Allowed", "%s %s: only PUT is served",
+              rq.method, rq.path);
+    return;
+  }
+  if (strcmp(rq.path, "/import_raw_vdi") == 0)
+    xs_import(ss, &rq);
+  else if (strncmp(rq.path, "/nbd/", 5) == 0)
+    xs_nbd(ss, rq.path + 5);
+  else if (strcmp(rq.path, "/nbd") == 0)
+    xs_nbd(ss, "");
+  else
+    xs_refuse(ss, 404, "Not Found", "%s: the paths served are "
+              "/import_raw_vdi and /nbd/NAME", rq.path);
+}
+
+/* ---- sessions ---- */
+
+static void *
+xs_thread(void *arg)
+{
+  struct xsess *ss = arg;
+  struct xapi *x = ss->x;
+  if (ss->kind == XAPI_HTTP) {
+    xs_http(ss);
+  } else {
+    struct server *s = x->s;
+    struct export *e = s->nexports ? s->exports[0] : NULL;
+    if (e == NULL || e->read_only)
+      log_warn("%s: chunked: the default export is %s", ss->peer,
+               e ? "read-only" : "missing");
+    else
+      (void)xs_chunked(ss, e);
+  }
+  if (ss->tp.ops)
+    ss->tp.ops->free(&ss->tp);
+  (void)xs_wait_writes(ss, NULL, 0); /* workers hold pipes: wait */
+  for (int i = 0; i < ss->npipes; i++) {
+    close(ss->pipes[i].fd[0]);
+    close(ss->pipes[i].fd[1]);
+  }
+  pthread_mutex_destroy(&ss->wlock);
+  pthread_cond_destroy(&ss->wcond);
+  pthread_mutex_lock(&x->lock);
+  if (ss->prev)
+    ss->prev->next = ss->next;
+  else
+    x->sessions = ss->next;
+  if (ss->next)
+    ss->next->prev = ss->prev;
+  if (!ss->handed_over)
+    close(ss->fd);
+  x->active--;
+  pthread_cond_broadcast(&x->idle);
+  pthread_mutex_unlock(&x->lock);
+  if (!ss->handed_over)
+    server_release_slot(x->s);
+  free(ss);
+  return NULL;
+}
+
+static void
+xapi_accept(struct loop *l, int lfd, uint32_t events, void *arg)
+{
+  struct xapi *x = arg;
+  (void)l;
+  (void)events;
+  enum xapi_kind kind = XAPI_HTTP;
+  for (int i = 0; i < x->nfds; i++)
+    if (x->fds[i] == lfd)
+      kind = x->kinds[i];
+  for (;;) {
+    int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+        log_warn("accept (%s): %s", kind == XAPI_HTTP ? "http" : "chunked",
+                 strerror(errno));
+      return;
+    }
+    char peer[80];
+    sock_peer_name(fd, peer, sizeof peer);
+    if (server_take_slot(x->s) < 0) {
+      log_warn("%s: refused: --max-connections reached", peer);
+      close(fd);
+      continue;
+    }
+    sock_set_nodelay(fd, true);
+    struct xsess *ss = calloc(1, sizeof *ss);
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    pthread_mutex_lock(&x->lock);
+    bool ok = ss != NULL && !x->stopping;
+    if (ok) {
+      *ss = (struct xsess){ .x = x, .fd = fd, .kind = kind,
+                            .next = x->sessions };
+      pthread_mutex_init(&ss->wlock, NULL);
+      pthread_cond_init(&ss->wcond, NULL);
+      memcpy(ss->peer, peer, sizeof peer);
+      transport_init_plain(&ss->tp, fd);
+      if (x->sessions)
+        x->sessions->prev = ss;
+      x->sessions = ss;
+      x->active++;
+      ok = pthread_create(&t, &at, xs_thread, ss) == 0;
+      if (!ok) {
+        x->sessions = ss->next;
+        if (x->sessions)
+          x->sessions->prev = NULL;
+        x->active--;
+      }
+    }
+    pthread_mutex_unlock(&x->lock);
+    pthread_attr_destroy(&at);
+    if (!ok) {
+      log_warn("%s: refused: cannot start a session thread", peer);
+      free(ss);
+      close(fd);
+      server_release_slot(x->s);
+    }
+  }
+}
+
+static int
+xapi_listen(struct xapi *x, const char *spec, enum xapi_kind kind,
+            const char *what)
+{
+  char host[256], port[32];
+  if (sock_split_hostport(spec, host, port, "") < 0 || port[0] == '\0') {
+    log_error("bad %s address \"%s\": want HOST:PORT or [IPV6]:PORT", what,
+              spec);
+    return -EINVAL;
+  }
+  int room = (int)(sizeof x->fds / sizeof x->fds[0]) - x->nfds;
+  int n = sock_listen_tcp(host, port, x->fds + x->nfds, room);
+  if (n < 0) {
+    log_error("cannot listen on %s port %s (%s): %s", host, port, what,
+              strerror(-n));
+    return n;
+  }
+  for (int i = 0; i < n; i++) {
+    char name[64];
+    x->kinds[x->nfds] = kind;
+    sock_local_name(x->fds[x->nfds], name, sizeof name);
+    log_info("listening on %s (%s)", name, what);
+    int r = loop_add(x->loop, x->fds[x->nfds], EPOLLIN, xapi_accept, x);
+    x->nfds++;
+    if (r < 0) {
+      log_error("cannot watch the %s listener: %s", what, strerror(-r));
+      return r;
+    }
+  }
+  return 0;
+}
+
+int
+xapi_start(struct server *s, struct loop *l)
+{
+  if (s->cfg.http_listen == NULL && s->cfg.chunked_listen == NULL)
+    return 0;
+  struct xapi *x = calloc(1, sizeof *x);
+  if (x == NULL)
+    return -ENOMEM;
+  x->s = s;
+  x->loop = l;
+  pthread_mutex_init(&x->lock, NULL);
+  pthread_cond_init(&x->idle, NULL);
+  s->xapi = x;
+  int r = 0;
+  if (s->cfg.http_listen)
+    r = xapi_listen(x, s->cfg.http_listen, XAPI_HTTP,
+                    s->tls ? "https" : "http");
+  if (r == 0 && s->cfg.chunked_listen)
+    r = xapi_listen(x, s->cfg.chunked_listen, XAPI_CHUNKED, "chunked");
+  return r;
+}
+
+void
+xapi_stop(struct server *s)
+{
+  struct xapi *x = s->xapi;
+  if (x == NULL)
+    return;
+  for (int i = 0; i < x->nfds; i++) {
+    loop_del(x->loop, x->fds[i]);
+    close(x->fds[i]);
+  }
+  pthread_mutex_lock(&x->lock);
+  x->stopping = true;
+  for (struct xsess *ss = x->sessions; ss; ss = ss->next)
+    shutdown(ss->fd, SHUT_RDWR);
+  while (x->active > 0)
+    pthread_cond_wait(&x->idle, &x->lock);
+  pthread_mutex_unlock(&x->lock);
+  pthread_mutex_destroy(&x->lock);
+  pthread_cond_destroy(&x->idle);
+  free(x);
+  s->xapi = NULL;
+}

@@ -1,0 +1,29 @@
+/* xapi.h: the receiving side of xapi's transports, beside the NBD
+ * listeners: an HTTP(S) listener (serve --http) that takes
+ *   PUT /import_raw_vdi?vdi=NAME&format=raw  (a Chunked body with a
+ *       "chunked" key in the query or a cookie, else a raw body of
+ *       Content-Length bytes) into export NAME, and
+ *   PUT /nbd/NAME  answered "200 OK" with "Transfer-encoding: nbd", after
+ *       which the connection is an NBD session like any other,
+ * and a raw Chunked listener (serve --chunked-listen) that writes one
+ * Chunked stream per connection into the default export.
+ *
+ * Each session runs on a thread of its own (they are few and long), reads
+ * with the handshake timeout for the head and XAPI_IDLE_MS for the body,
+ * and counts against --max-connections. */
+#ifndef NBDFLOW_SERVER_XAPI_H
+#define NBDFLOW_SERVER_XAPI_H
+
+#define XAPI_IDLE_MS 120000 /* a body that sends nothing for this long */
+
+struct server;
+struct loop;
+
+/* Opens the listeners the configuration names and watches them on l.
+ * 0, or -errno after logging why. */
+int xapi_start(struct server *s, struct loop *l);
+/* Closes the listeners, ends every session (shutdown(2) of its socket)
+ * and waits for their threads. */
+void xapi_stop(struct server *s);
+
+#endif

@@ -1,0 +1,79 @@
+#!/bin/bash
+# copy-cut.sh: the network path to the destination dies in the middle of
+# a copy without a FIN or a reset (cutrelay.py stops relaying and keeps
+# its sockets open), so no read or write on the socket ever fails.
+# - without --retry: the copy fails with ETIMEDOUT, naming the silent
+#   server and its oldest request, within --timeout (plus the watchdog's
+#   0.2 s and a margin) of the cut: it does not hang;
+# - with --retry: the watchdog's timeout counts as a lost connection; the
+#   copy reconnects (through the relay, which relays new connections),
+#   sends what was in flight again and lands whole, and --json counts the
+#   reconnection.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+need nbdkit
+need timeout coreutils
+tmpdir_make
+
+make_random "$TMP/src.img" 32
+truncate -s 32M "$TMP/dst.img"
+kit "$TMP/kit.sock" --filter=delay file "$TMP/dst.img" wdelay=100ms
+
+relay_n=0
+# relay_start: cutrelay.py in front of nbdkit; sets RELAY_PID and RURI.
+relay_start () {
+    relay_n=$((relay_n + 1))
+    local pf=$TMP/relay.$relay_n.port
+    python3 "$LIB_DIR/cutrelay.py" 0 "$TMP/kit.sock" "$pf" &
+    RELAY_PID=$!
+    SERVER_PIDS+=("$RELAY_PID")
+    wait_for test -s "$pf"
+    RURI=nbd://127.0.0.1:$(cat "$pf")/
+}
+
+# copy_and_cut ARGS...: starts a copy into the relay with ARGS, cuts the
+# relay's connections once writes have completed, waits for the copy;
+# sets rc and CUT_S (seconds from the cut to the copy's end).
+copy_and_cut () {
+    timeout 60 "$NBDFLOW" copy --timeout 2 --progress=json --json \
+        --request-size 256K --inflight 1M "$@" "$TMP/src.img" "$RURI" \
+        >"$TMP/out" 2>"$TMP/err" &
+    local pid=$! i t0
+    for ((i = 0; i < 200; i++)); do
+        grep -q '"done": [1-9]' "$TMP/err" && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.05
+    done
+    grep -q '"done": [1-9]' "$TMP/err" ||
+        fail "the copy never made progress: $(cat "$TMP/err")"
+    kill -USR1 "$RELAY_PID"
+    t0=$(date +%s.%N)
+    rc=0
+    wait "$pid" || rc=$?
+    CUT_S=$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { printf "%.2f", a - b }')
+    [ "$rc" != 124 ] || fail "still running after 60 s (hung)"
+    grep -v '^{' "$TMP/err" >"$TMP/err.lines" || true
+}
+
+# 1. No --retry: a clear ETIMEDOUT within the bound.
+relay_start
+copy_and_cut
+mv "$TMP/err.lines" "$TMP/err"
+check_copy_failed "cut without --retry" "$rc" "Connection timed out"
+grep -qF "$RURI: no reply for 2 s" "$TMP/err" ||
+    fail "the error does not name the silent server: $(cat "$TMP/err")"
+awk -v s="$CUT_S" 'BEGIN { exit !(s < 6) }' ||
+    fail "the dead path was noticed after $CUT_S s, not within 2 s + margin"
+note "ok: dead path noticed $CUT_S s after the cut (--timeout 2)"
+
+# 2. --retry: the copy reconnects and lands whole.
+relay_start
+copy_and_cut --retry 3,0.2
+[ "$rc" = 0 ] || fail "cut with --retry: exit $rc: $(cat "$TMP/err.lines")"
+grep -q '"reconnects": [1-9]' "$TMP/out" ||
+    fail "cut with --retry: no reconnection counted: $(cat "$TMP/out")"
+grep -q "reconnected" "$TMP/err.lines" ||
+    fail "cut with --retry: no line says it reconnected: $(cat "$TMP/err.lines")"
+same "$TMP/src.img" "$TMP/dst.img"
+note "ok: cut with --retry: $(grep -o '"reconnects": [0-9]*, "bytes_resent": [0-9]*' "$TMP/out") after $CUT_S s"
+echo "PASS"

@@ -1,0 +1,87 @@
+#!/bin/bash
+# sparse-dd.sh: nbdflow sparse_dd takes xapi's sparse_dd command line: the
+# -machine progress frames parsed back by the reference (xapiref.py), to a
+# file:// path, to our serve over NBD (-dest-proto nbd -nbd-export), over
+# an http:// URL that -encryption-mode never made of an https:// one, as
+# Chunked with -prezeroed; exit status 5 when the NBD server answers a
+# write with an error (nbdkit's error filter), 1 for a wrong -size, 2 for
+# usage errors; -base sends only the blocks that differ from the base.
+# Every copy verified.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+tmpdir_make
+REF=$(dirname "$0")/xapiref.py
+make_sparse "$TMP/src.img" 16 "0:2 9:1 15:1"
+size=$(stat -c %s "$TMP/src.img")
+
+"$NBDFLOW" sparse_dd -machine -src "$TMP/src.img" -dest "file://$TMP/out.img" \
+    -size "$size" >"$TMP/progress" || fail "sparse_dd to a file:// path failed"
+same "$TMP/src.img" "$TMP/out.img"
+pcts=$(python3 "$REF" progress <"$TMP/progress") ||
+    fail "progress frames: $pcts"
+[ "${pcts##* }" = 100 ] || fail "progress did not end at 100: $pcts"
+note "ok: progress frames: $pcts"
+
+truncate -s "$size" "$TMP/exp.img"
+HPORT=$(free_port)
+serve_tcp --http "127.0.0.1:$HPORT" "disk=$TMP/exp.img"
+"$NBDFLOW" sparse_dd -machine -src "$TMP/src.img" -dest "$URI" \
+    -size "$size" -dest-proto nbd -nbd-export disk -good-ciphersuites \
+    ECDHE-RSA-AES256-GCM-SHA384 -ssl-legacy >"$TMP/progress" ||
+    fail "sparse_dd -dest-proto nbd -nbd-export disk failed"
+same "$TMP/src.img" "$TMP/exp.img"
+truncate -s 0 "$TMP/exp.img"
+truncate -s "$size" "$TMP/exp.img"
+check "sparse_dd -encryption-mode never, -prezeroed, Chunked over http" \
+    "$NBDFLOW" sparse_dd -src "$TMP/src.img" \
+    -dest "https://127.0.0.1:$HPORT/import_raw_vdi?vdi=disk&format=raw" \
+    -size "$size" -prezeroed -dest-proto chunked -encryption-mode never
+wait_for grep -q 'chunked into "disk".*flushed' "$SERVER_LOG"
+same "$TMP/src.img" "$TMP/exp.img"
+serve_stop
+
+# -base: the destination holds BASE; only the 1 MiB blocks that differ
+# travel (one turned to zeroes, one rewritten), counted by the reference
+# receiver.
+make_random "$TMP/base.img" 8
+cp "$TMP/base.img" "$TMP/new.img"
+dd if=/dev/zero of="$TMP/new.img" bs=1M seek=2 count=1 conv=notrunc status=none
+dd if=/dev/urandom of="$TMP/new.img" bs=4096 seek=1500 count=1 conv=notrunc status=none
+cp "$TMP/base.img" "$TMP/held.img"
+RPORT=$(free_port)
+python3 "$REF" recv-chunked "$RPORT" "$TMP/held.img" "$TMP/ready" >"$TMP/ref.out" 2>&1 &
+rpid=$!
+wait_for test -s "$TMP/ready"
+check "sparse_dd -base over Chunked" \
+    "$NBDFLOW" sparse_dd -src "$TMP/new.img" -base "$TMP/base.img" \
+    -dest "chunked+tcp://127.0.0.1:$RPORT" -size $((8 << 20)) -dest-proto chunked
+wait "$rpid" || fail "reference receiver: $(cat "$TMP/ref.out")"
+same "$TMP/new.img" "$TMP/held.img"
+grep -q " $((2 << 20)) bytes\$" "$TMP/ref.out" ||
+    fail "-base sent other than the two changed blocks: $(cat "$TMP/ref.out")"
+note "ok: -base sent 2 MiB of 8"
+
+rc=0
+"$NBDFLOW" sparse_dd -src "$TMP/src.img" -dest "$TMP/x.img" -size 4096 \
+    2>"$TMP/err" || rc=$?
+[ "$rc" = 1 ] && grep -q "not the 4096" "$TMP/err" ||
+    fail "a wrong -size: status $rc: $(cat "$TMP/err")"
+rc=0
+"$NBDFLOW" sparse_dd -src "$TMP/src.img" -size 1 2>"$TMP/err" || rc=$?
+[ "$rc" = 2 ] || fail "no -dest: status $rc: $(cat "$TMP/err")"
+rc=0
+"$NBDFLOW" sparse_dd -src "$TMP/src.img" -dest "$TMP/x.img" -size 1 \
+    -frobnicate 2>"$TMP/err" || rc=$?
+[ "$rc" = 2 ] || fail "unknown option: status $rc: $(cat "$TMP/err")"
+
+need nbdkit
+kit "$TMP/kit.sock" --filter=error memory "$size" error-pwrite=EIO \
+    error-pwrite-rate=1
+rc=0
+"$NBDFLOW" sparse_dd -machine -src "$TMP/src.img" -dest "$(uri "$TMP/kit.sock")" \
+    -size "$size" >"$TMP/progress" 2>"$TMP/err" || rc=$?
+[ "$rc" = 5 ] || fail "an NBD error reply: status $rc, not 5: $(cat "$TMP/err")"
+grep -q "Input/output error" "$TMP/err" || fail "no errno named: $(cat "$TMP/err")"
+python3 "$REF" progress <"$TMP/progress" >/dev/null ||
+    fail "the progress stream of a failed copy is not closed"
+note "ok: status 5 on an NBD error: $(head -n1 "$TMP/err")"

@@ -1,0 +1,87 @@
+#!/bin/bash
+# xapi-bad.sh: bad input on xapi's transports. Into our receivers (serve
+# --http and --chunked-listen): a frame beyond the export, a length of
+# 2^31, a truncated header, a truncated frame, a missing end marker,
+# garbage instead of HTTP, a head over the limit, a Transfer-Encoding
+# header, unknown paths and exports: each gets one clear log line (and an
+# HTTP status where the head allowed one), nothing outside the frames is
+# written, and the server goes on serving. From our sender: a 404, a 500,
+# an early close and an answer whose head never ends: a clear error and a
+# non-zero exit, in bounded time.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+tmpdir_make
+REF=$(dirname "$0")/xapiref.py
+make_random "$TMP/src.img" 4
+truncate -s 4M "$TMP/exp.img"
+HPORT=$(free_port)
+CPORT=$(free_port)
+serve_tcp --http "127.0.0.1:$HPORT" --chunked-listen "127.0.0.1:$CPORT" \
+    "disk=$TMP/exp.img"
+
+# expect_log PATTERN: the server logs it within 10 s.
+expect_log () { wait_for grep -q -- "$1" "$SERVER_LOG"; note "ok: logged: $1"; }
+still_zero () { all_zero "$TMP/exp.img" $((4 << 20)); }
+
+python3 "$REF" send-chunked 127.0.0.1 "$CPORT" "$TMP/src.img" --bad beyond || true
+expect_log "frame 0 at offset 4194304, length 512: beyond the export's end"
+python3 "$REF" send-chunked 127.0.0.1 "$CPORT" "$TMP/src.img" --bad huge || true
+expect_log "length 2147483648: a length of 2^31 or more"
+python3 "$REF" send-chunked 127.0.0.1 "$CPORT" "$TMP/src.img" --bad trunc-header || true
+expect_log "ended without its end marker after 0 frames"
+still_zero
+python3 "$REF" send-chunked 127.0.0.1 "$CPORT" "$TMP/src.img" --bad trunc-data || true
+expect_log "frame 0: the sender closed the connection 0 bytes into the 4096 at offset 0"
+still_zero
+python3 "$REF" send-chunked 127.0.0.1 "$CPORT" "$TMP/src.img" --bad no-end || true
+expect_log "without its end marker after 2 frames (4194304 bytes): incomplete, not flushed"
+
+# answer WHAT EXPECTED: the receiver's status line for a bad head.
+answer () {
+    local got
+    got=$(timeout 20 python3 "$REF" send-raw 127.0.0.1 "$HPORT" "$1") ||
+        fail "send-raw $1 failed or hung"
+    case $got in "$2"*) note "ok: $1 -> $got" ;; *) fail "$1: got '$got', wanted '$2'" ;; esac
+}
+answer garbage "(closed)"
+expect_log "the first byte is not HTTP"
+answer big-head "HTTP/1.1 431"
+answer te "HTTP/1.1 400"
+expect_log "a Transfer-Encoding header"
+answer "path:/elsewhere" "HTTP/1.1 404"
+answer "path:/import_raw_vdi?vdi=nosuch&format=raw" "HTTP/1.1 404"
+answer "path:/import_raw_vdi?vdi=disk&format=vhd" "HTTP/1.1 400"
+answer "path:/nbd/nosuch" "HTTP/1.1 404"
+# The server still serves, and a good stream lands whole.
+check "a good stream after all that" \
+    "$NBDFLOW" copy "$TMP/src.img" "http://127.0.0.1:$HPORT/import_raw_vdi?vdi=disk&format=raw"
+wait_for grep -q 'chunked into "disk": 4194304 bytes.*flushed' "$SERVER_LOG"
+same "$TMP/src.img" "$TMP/exp.img"
+serve_stop
+
+# Our sender against bad answers.
+for mode in 404 500 close endless; do
+    RPORT=$(free_port)
+    rm -f "$TMP/ready"
+    truncate -s 4M "$TMP/r.img"
+    python3 "$REF" http-recv "$RPORT" "$TMP/r.img" "$TMP/ready" "$mode" \
+        >"$TMP/ref.out" 2>&1 &
+    rpid=$!
+    wait_for test -s "$TMP/ready"
+    rc=0
+    timeout 30 "$NBDFLOW" copy --timeout 10 "$TMP/src.img" \
+        "http://127.0.0.1:$RPORT/import_raw_vdi?vdi=x&format=raw" \
+        2>"$TMP/err" || rc=$?
+    wait "$rpid" || true
+    [ "$rc" = 1 ] || fail "answer '$mode': exit status $rc: $(cat "$TMP/err")"
+    case $mode in
+        404) want="refused the PUT: 'HTTP/1.1 404 Not Found'" ;;
+        500) want="refused the PUT: 'HTTP/1.1 500 Internal Server Error'" ;;
+        close) want="closed the connection without answering the PUT" ;;
+        endless) want="no end of head within 16384 bytes" ;;
+    esac
+    grep -q -- "$want" "$TMP/err" || fail "answer '$mode': $(cat "$TMP/err")"
+    [ "$(wc -l <"$TMP/err")" = 1 ] || fail "answer '$mode': more than one line: $(cat "$TMP/err")"
+    note "ok: answer '$mode': $(cat "$TMP/err")"
+done
+note "ok: bad input on xapi's transports"
