@@ -14,7 +14,10 @@ import sys
 
 import report_link
 import report_qcow2
+import report_retry
 import report_vhd
+import report_xapi
+import report_vhdrw
 
 COLS = ["section", "workload", "client", "server", "transport", "run",
         "status", "seconds", "bytes", "rss_kb", "user_s", "sys_s", "extra",
@@ -641,6 +644,9 @@ def main(argv):
     report_link.section_tls(out, rows, meta)
     report_vhd.section_vhd(out, rows, meta)
     report_qcow2.section_qcow2(out, rows, meta)
+    report_retry.section_retry(out, rows, meta)
+    report_xapi.section_xapi(out, rows, meta)
+    report_vhdrw.section_vhdrw(out, rows, meta)
     section_notes(out, rows)
     out.append("## Machine")
     out.append("")
