@@ -35,6 +35,7 @@ struct copy_args {
   bool ignore_checksums;
   unsigned retry;            /* --retry N: attempts in a row; 0: off */
   unsigned retry_delay_ms;   /* --retry N,DELAY */
+  bool retry_errors;         /* --retry-errors */
   const char *checkpoint;    /* --checkpoint FILE, or NULL */
   unsigned checkpoint_s;     /* --checkpoint-interval */
   enum ep_protocol dst_protocol; /* --dst-protocol */
@@ -114,6 +115,8 @@ copy_usage(FILE *f)
     "  --json                 final report as JSON on stdout\n"
     "  --retry N[,DELAY]      reconnect a lost NBD connection, N attempts in\n"
     "                         a row, after DELAY s (1), doubling\n"
+    "  --retry-errors         with --retry: also resend a request the\n"
+    "                         server failed with EIO, ENOMEM or ENOSPC\n"
     "  --checkpoint FILE      keep how far DST holds SRC in FILE; rerun to\n"
     "                         continue (--checkpoint-interval S, 10)\n"
     "\nDiagnostic options (reproduce stock clients; slow on purpose):\n"
@@ -153,7 +156,8 @@ enum {
 };
 
 /* getopt codes of the resuming options. */
-enum { OPT_RETRY = 512, OPT_CHECKPOINT, OPT_CHECKPOINT_INTERVAL };
+enum { OPT_RETRY = 512, OPT_RETRY_ERRORS, OPT_CHECKPOINT,
+       OPT_CHECKPOINT_INTERVAL };
 
 /* --retry's wait before its first attempt, its most attempts, and
  * --checkpoint's interval, when not given. */
@@ -286,6 +290,7 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     { "dst-format", required_argument, NULL, OPT_DST_FORMAT },
     { "ignore-checksums", no_argument, NULL, OPT_IGNORE_CHECKSUMS },
     { "retry", required_argument, NULL, OPT_RETRY },
+    { "retry-errors", no_argument, NULL, OPT_RETRY_ERRORS },
     { "checkpoint", required_argument, NULL, OPT_CHECKPOINT },
     { "checkpoint-interval", required_argument, NULL,
       OPT_CHECKPOINT_INTERVAL },
@@ -429,6 +434,9 @@ copy_parse(int argc, char **argv, struct copy_args *a)
       if (copy_parse_retry(optarg, a) < 0)
         return 2;
       break;
+    case OPT_RETRY_ERRORS:
+      a->retry_errors = true;
+      break;
     case OPT_CHECKPOINT:
       if (optarg[0] == '\0') {
         log_error("--checkpoint: a file name, not ''");
@@ -525,6 +533,11 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     /* The image goes to stdout; a report after it would corrupt it. */
     log_error("--json writes its report to stdout, where DESTINATION '-' "
               "writes the image: use one or the other");
+    return 2;
+  }
+  if (a->retry_errors && a->retry == 0) {
+    log_error("--retry-errors resends failed requests as often as --retry "
+              "N allows: give --retry too");
     return 2;
   }
   if (a->checkpoint && (strcmp(a->src, "-") == 0 || strcmp(a->dst, "-") == 0 ||
@@ -906,6 +919,7 @@ cmd_copy(int argc, char **argv)
                               .timeout_s = a.o.timeout_s,
                               .retry = a.retry,
                               .retry_delay_ms = a.retry_delay_ms,
+                              .retry_errors = a.retry_errors,
                               .format = a.src_format,
                               .format_given = a.src_format_given,
                               .ignore_checksums = a.ignore_checksums };
@@ -951,6 +965,7 @@ cmd_copy(int argc, char **argv)
     .nagle = a.nagle, .split_writes = a.split_writes,
     .timeout_s = a.o.timeout_s,
     .retry = a.retry, .retry_delay_ms = a.retry_delay_ms,
+    .retry_errors = a.retry_errors,
     .create_size = s.src->size_known ? s.src->size : UINT64_MAX,
     .format = a.dst_format,
     .format_given = a.dst_format != IMAGE_FORMAT_AUTO,

@@ -104,6 +104,7 @@ struct ep_op {
   struct ep_op *next_done;
   struct ep_op *next_parked; /* waiting for a reconnection (--retry) */
   bool fast_zero_tried;
+  unsigned err_tries; /* error replies resent (--retry-errors) */
 };
 
 /* What every endpoint shares: the loop, the worker pool for blocking
@@ -245,6 +246,10 @@ struct endpoint_opts {
    * most). */
   unsigned retry;
   unsigned retry_delay_ms;
+  /* NBD, --retry-errors (with --retry): an error reply of EIO, ENOMEM or
+   * ENOSPC to a READ, WRITE or zeroing sends the request again after
+   * the same waits, up to `retry` error replies in a row. */
+  bool retry_errors;
   /* Files: the image format (--src-format / --dst-format; a "vhd:" or
    * "raw:" prefix on the target wins), whether the user named it (only
    * then may a source open parents), and --ignore-checksums. */

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <xxhash.h>
 
 #include "net/loop.h"
@@ -78,6 +79,11 @@ struct nbd_priv {
   bool auto_conns;        /* the count is ours (no --connections) */
   int lost_err;           /* why the last connection was lost */
   char lost_msg[256];
+  /* --retry-errors: ops whose error reply is worth another try, held
+   * until again_at_us (the latest wait any of them asked for). */
+  bool retry_errors;
+  struct ep_op *again, *again_tail; /* owned by the engine, held here */
+  uint64_t again_at_us;
   struct client_info info0; /* the export as first seen (scalars only) */
   bool sampled;           /* sample_digest holds the source's sample */
   uint64_t sample_digest;
@@ -145,6 +151,52 @@ nbd_retryable(const struct nbd_priv *p, const struct client_conn *c, int err)
   return (c->fatal && c->lost) || err == ESHUTDOWN;
 }
 
+static uint64_t nbd_retry_wait_us(const struct nbd_priv *p, unsigned n);
+
+/* --retry-errors: an error reply that the server's storage may get over
+ * (a path failing over, space freed), to a request that changes nothing
+ * when sent again; never one that says the request itself is wrong. Each
+ * op gets as many tries as --retry allows reconnections. */
+static bool
+nbd_error_retryable(const struct nbd_priv *p, const struct nbd_slot *s,
+                    const struct ep_op *op, int err)
+{
+  if (!p->retry_errors || p->gave_up || p->closing || s->c.fatal)
+    return false;
+  if (err != EIO && err != ENOMEM && err != ENOSPC)
+    return false;
+  if (op->type != EP_READ && op->type != EP_WRITE && op->type != EP_ZERO)
+    return false;
+  return op->err_tries < p->retry_max;
+}
+
+/* Holds op (its reply was err) until the tick after its wait, saying so. */
+static void
+nbd_hold_error(struct endpoint *e, struct ep_op *op, int err,
+               const char *msg)
+{
+  struct nbd_priv *p = e->priv;
+  op->err_tries++;
+  uint64_t at = loop_now_us() + nbd_retry_wait_us(p, op->err_tries);
+  log_warn("%s: %s at offset %llu length %llu failed: %s; sending it again "
+           "in %.1f s (try %u of %u, --retry-errors)", e->name,
+           op->type == EP_READ ? "read" : op->type == EP_WRITE ? "write"
+                                                                 : "zeroing",
+           (unsigned long long)op->offset, (unsigned long long)op->length,
+           msg && msg[0] ? msg : strerror(err),
+           (double)(at - loop_now_us()) / 1e6, op->err_tries, p->retry_max);
+  if (op->type == EP_WRITE)
+    e->resent_bytes += op->length;
+  if (at > p->again_at_us)
+    p->again_at_us = at;
+  op->next_parked = NULL;
+  if (p->again_tail)
+    p->again_tail->next_parked = op;
+  else
+    p->again = op;
+  p->again_tail = op;
+}
+
 /* Holds op until the endpoint has reconnected. A WRITE whose payload had
  * left counts as sent twice once it goes again. */
 static void
@@ -166,7 +218,8 @@ nbd_park(struct endpoint *e, struct ep_op *op)
  * Blocking: on slot 0 before it joins the loop, or on the thread of a
  * reconnection. Returns 0, or -errno with c->errmsg set. */
 static int
-nbd_read_sample(struct client_conn *c, int timeout_ms, uint64_t *digest)
+nbd_read_sample(const struct nbd_priv *p, struct client_conn *c,
+                uint64_t *digest)
 {
   const struct client_info *in = &c->info;
   uint64_t mb = in->min_block > 1 ? in->min_block : 1;
@@ -189,9 +242,21 @@ nbd_read_sample(struct client_conn *c, int timeout_ms, uint64_t *digest)
   for (int i = 0; r == 0 && i < 3; i++) {
     if (offs[i] + len > in->size)
       offs[i] = (in->size - len) / mb * mb;
-    struct client_req q = { .type = NBD_CMD_READ, .offset = offs[i],
-                            .length = len, .buf = buf };
-    r = client_run(c, &q, timeout_ms);
+    for (unsigned t = 0;; t++) {
+      struct client_req q = { .type = NBD_CMD_READ, .offset = offs[i],
+                              .length = len, .buf = buf };
+      r = client_run(c, &q, p->co.timeout_ms);
+      /* --retry-errors covers these reads as it does the copy's. */
+      if (!(p->retry_errors && t < p->retry_max && !c->fatal &&
+            (r == -EIO || r == -ENOMEM || r == -ENOSPC)))
+        break;
+      uint64_t us = nbd_retry_wait_us(p, t + 1);
+      struct timespec ts = { (time_t)(us / 1000000),
+                             (long)(us % 1000000) * 1000 };
+      while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+      c->errmsg[0] = '\0';
+    }
     if (r < 0 && c->errmsg[0] == '\0')
       snprintf(c->errmsg, sizeof c->errmsg, "reading a sample at offset "
                "%llu: %s", (unsigned long long)offs[i], strerror(-r));
@@ -335,10 +400,20 @@ nbd_req_done(struct client_req *r, int err)
     if (z < 0)
       err = nbd_resend_failed(r, z);
   }
+  if (err && nbd_error_retryable(p, s, op, err)) {
+    nbd_hold_error(s->e, op, err, r->errmsg);
+    return;
+  }
   op->err = err;
   if (err && !s->c.fatal)
     s->e->peer_error = true; /* an error reply, not a lost connection */
   nbd_copy_msg(op, r, &s->c);
+  if (err && op->err_tries) {
+    size_t n = strlen(op->errmsg);
+    snprintf(op->errmsg + n, sizeof op->errmsg - n,
+             "%ssent %u times (--retry-errors)", n ? "; " : "",
+             op->err_tries + 1);
+  }
   if (op->type == EP_EXTENTS)
     nbd_status_done(op, p);
   op->done(op);
@@ -693,7 +768,7 @@ nbd_connect_thread(void *arg)
   struct nbd_connect_job *j = arg;
   j->r = client_connect(&j->s->c, &j->p->uri, &j->co);
   if (j->r == 0 && j->sample)
-    j->r = nbd_read_sample(&j->s->c, j->co.timeout_ms, &j->digest);
+    j->r = nbd_read_sample(j->p, &j->s->c, &j->digest);
   atomic_store_explicit(&j->done, true, memory_order_release);
   if (j->sample) /* a reconnection: the loop may be waiting in epoll */
     loop_wake(j->s->e->env->loop);
@@ -1032,6 +1107,22 @@ nbd_reconnect_done(struct endpoint *e)
   nbd_resubmit(e);
 }
 
+/* Submits the ops chained by next_parked, in order; one refused at once
+ * fails through its callback. */
+static void
+nbd_submit_list(struct endpoint *e, struct ep_op *op)
+{
+  while (op) {
+    struct ep_op *next = op->next_parked;
+    int rc = nbd_submit(e, op);
+    if (rc < 0) {
+      op->err = -rc;
+      ep_env_complete(e->env, op);
+    }
+    op = next;
+  }
+}
+
 /* Loop thread, once reconnected: sends the parked ops again, in the
  * order they were parked, and a parked FLUSH last. */
 static void
@@ -1045,21 +1136,25 @@ nbd_resubmit(struct endpoint *e)
     n++;
   log_warn("%s: reconnected (attempt %u); sending %u request%s again",
            e->name, p->attempts, n, n == 1 ? "" : "s");
-  while (op) {
-    struct ep_op *next = op->next_parked;
-    int rc = nbd_submit(e, op);
-    if (rc < 0) {
-      op->err = -rc;
-      ep_env_complete(e->env, op);
-    }
-    op = next;
-  }
+  nbd_submit_list(e, op);
   if (p->flush_parked) {
     p->flush_parked = false;
     op = p->flush_op;
     p->flush_op = NULL;
     nbd_submit_flush(e, op);
   }
+}
+
+/* --retry-errors: the held ops go out again (a reconnection that began
+ * meanwhile parks them). */
+static void
+nbd_send_again(struct endpoint *e)
+{
+  struct nbd_priv *p = e->priv;
+  struct ep_op *op = p->again;
+  p->again = p->again_tail = NULL;
+  p->again_at_us = 0;
+  nbd_submit_list(e, op);
 }
 
 /* Engine tick: drives a reconnection. While one runs, the engine's
@@ -1069,9 +1164,14 @@ static void
 nbd_tick(struct endpoint *e)
 {
   struct nbd_priv *p = e->priv;
+  uint64_t now = loop_now_us();
+  if (p->again) {
+    e->t_answer_us = now; /* held on purpose, not waiting for a reply */
+    if (!p->reconnecting && now >= p->again_at_us)
+      nbd_send_again(e);
+  }
   if (!p->reconnecting)
     return;
-  uint64_t now = loop_now_us();
   e->t_answer_us = now;
   if (p->drop_pending) {
     p->drop_pending = false;
@@ -1173,7 +1273,7 @@ nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
   p->info0.exports = NULL;
   p->info0.nexports = 0;
   if (p->retry_max && !o->write) {
-    r = nbd_read_sample(&p->slots[0].c, p->co.timeout_ms, &p->sample_digest);
+    r = nbd_read_sample(p, &p->slots[0].c, &p->sample_digest);
     if (r < 0) {
       snprintf(err, errlen, "%s: %s", e->name, p->slots[0].c.errmsg);
       return r;
@@ -1244,6 +1344,7 @@ endpoint_open_nbd(struct ep_env *env, const char *spec,
   p->n = o->connections ? o->connections : 1;
   p->retry_max = o->retry;
   p->retry_delay_ms = o->retry_delay_ms;
+  p->retry_errors = o->retry_errors && o->retry > 0;
   e->retries = o->retry > 0;
   p->slots = calloc(p->n, sizeof *p->slots);
   if (p->slots == NULL) {
@@ -1273,17 +1374,6 @@ endpoint_open_nbd(struct ep_env *env, const char *spec,
              "NBD_FLAG_HAS_FLAGS, which the spec requires: ignored (no "
              "flush, no zeroing requests, no multi-conn)", spec,
              in->tflags_sent);
-  if (in->size % in->min_block) {
-    /* §Size constraints: "otherwise, the client would be unable to
-     * access the final few bytes of the export". A copy that cannot
-     * read or write them must not start. */
-    r = -EINVAL;
-    snprintf(err, errlen, "%s: export size %llu is not a multiple of its "
-             "minimum block size %u: its last %llu bytes cannot be "
-             "addressed", spec, (unsigned long long)in->size, in->min_block,
-             (unsigned long long)(in->size % in->min_block));
-    goto fail;
-  }
   e->size = in->size;
   e->size_known = true;
   e->readable = true;
