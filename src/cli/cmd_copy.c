@@ -42,6 +42,7 @@ struct copy_args {
   const char *nbd_export;        /* --nbd-export */
   const char *tls_certificates;  /* --tls-certificates (https) */
   bool no_tls_verify;            /* --tls-verify-peer=false */
+  const char *tls_priority;      /* --tls-priority (https) */
   uint64_t expect_size;          /* --expect-size (sparse_dd's -size) */
   const char *base;              /* --base: DST already holds it */
   bool expect_size_given;
@@ -67,6 +68,8 @@ copy_usage(FILE *f)
     "  --tls-certificates DIR https: ca-cert.pem to check the server with\n"
     "                         (default: the system's trusted CAs)\n"
     "  --tls-verify-peer false  https: accept any server certificate\n"
+    "  --tls-priority PRIO    https: a GnuTLS priority string in place of\n"
+    "                         ours (TLS 1.2 and 1.3, AEAD ciphers)\n"
     "  --expect-size BYTES    refuse to start unless SRC has this size\n"
     "  --base BASE            DST already holds BASE: compare SRC with it\n"
     "                         first and send only the 1 MiB blocks that\n"
@@ -153,6 +156,7 @@ enum {
   OPT_SPLIT_WRITES, OPT_SYNCHRONOUS, OPT_QUEUE_SIZE, OPT_SRC_FORMAT,
   OPT_DST_FORMAT, OPT_IGNORE_CHECKSUMS, OPT_DST_PROTOCOL, OPT_NBD_EXPORT,
   OPT_TLS_CERTIFICATES, OPT_TLS_VERIFY_PEER, OPT_EXPECT_SIZE, OPT_BASE,
+  OPT_TLS_PRIORITY,
 };
 
 /* getopt codes of the resuming options. */
@@ -300,6 +304,7 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     { "nbd-export", required_argument, NULL, OPT_NBD_EXPORT },
     { "tls-certificates", required_argument, NULL, OPT_TLS_CERTIFICATES },
     { "tls-verify-peer", required_argument, NULL, OPT_TLS_VERIFY_PEER },
+    { "tls-priority", required_argument, NULL, OPT_TLS_PRIORITY },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
   };
@@ -481,6 +486,9 @@ copy_parse(int argc, char **argv, struct copy_args *a)
       break;
     case OPT_TLS_CERTIFICATES:
       a->tls_certificates = optarg;
+      break;
+    case OPT_TLS_PRIORITY:
+      a->tls_priority = optarg;
       break;
     case OPT_TLS_VERIFY_PEER:
       if (strcmp(optarg, "true") == 0 || strcmp(optarg, "1") == 0)
@@ -975,6 +983,7 @@ cmd_copy(int argc, char **argv)
     .nbd_export = a.nbd_export,
     .tls_certificates = a.tls_certificates,
     .no_tls_verify = a.no_tls_verify,
+    .tls_priority = a.tls_priority,
   };
   if (endpoint_open(&s.env, a.dst, &dopt, &s.dst, err, sizeof err) < 0) {
     log_error("%s", err);

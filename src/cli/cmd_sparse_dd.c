@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,10 +50,17 @@ sparse_dd_usage(FILE *f)
 "  -encryption-mode M  always: http becomes https; never: https becomes\n"
 "                      http; user (the default): as written\n"
 "  -machine            progress on stdout as Chunked frames 'Progress: N'\n"
-"  -good-ciphersuites, -legacy-ciphersuites, -ssl-legacy: accepted; TLS\n"
-"                      uses GnuTLS's default priority (docs/copy.md)\n"
+"  -good-ciphersuites S OpenSSL suites, as the GnuTLS priority offering\n"
+"                      their AEAD ciphers (copy --tls-priority; see\n"
+"                      docs/xapi.md)\n"
+"  -legacy-ciphersuites S, -ssl-legacy: accepted; TLS 1.0/1.1 and CBC\n"
+"                      suites are never offered\n"
 "  -base BASE          the destination holds BASE: send only the blocks\n"
 "                      where SRC differs (copy --base)\n"
+"\n"
+"\n"
+"An https server is checked against the CAs in the directory\n"
+"$NBDFLOW_TLS_CERTIFICATES (ca-cert.pem), else the system's.\n"
 "\n"
 "Exit status: 0 copied; 5 the NBD server answered with an error; 2 usage\n"
 "error; 1 any other failure.\n");
@@ -128,9 +136,66 @@ sparse_dd_dest(const char *d, const char *mode)
   return out;
 }
 
+/* -good-ciphersuites, in OpenSSL's syntax (suites separated by ':', ','
+ * or spaces, e.g. ECDHE-RSA-AES256-GCM-SHA384), as the GnuTLS priority
+ * that offers the nearest: our versions (TLS 1.2 and 1.3) with only the
+ * AEAD ciphers the list names, and only ECDHE key exchange when every
+ * suite it names is an ECDHE one. Suites of other ciphers (CBC, RC4,
+ * 3DES) are dropped. 0, or -1 when nothing is left. */
+static int
+sparse_dd_priority(const char *list, char *out, size_t outlen)
+{
+  static const struct {
+    const char *in; /* part of an OpenSSL suite name */
+    const char *out; /* GnuTLS cipher */
+  } map[] = {
+    { "AES256-GCM", "AES-256-GCM" }, { "AES128-GCM", "AES-128-GCM" },
+    { "AES256-CCM", "AES-256-CCM" }, { "AES128-CCM", "AES-128-CCM" },
+    { "CHACHA20-POLY1305", "CHACHA20-POLY1305" },
+    /* TLS 1.3 names, should a list carry them */
+    { "AES_256_GCM", "AES-256-GCM" }, { "AES_128_GCM", "AES-128-GCM" },
+    { "AES_128_CCM", "AES-128-CCM" }, { "CHACHA20_POLY1305", "CHACHA20-POLY1305" },
+  };
+  bool used[sizeof map / sizeof map[0]] = { false };
+  bool any = false, all_ecdhe = true;
+  const char *p = list;
+  while (*p) {
+    size_t n = strcspn(p, ":, ");
+    char suite[128];
+    if (n > 0 && n < sizeof suite) {
+      memcpy(suite, p, n);
+      suite[n] = '\0';
+      for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (strstr(suite, map[i].in)) {
+          used[i] = any = true;
+          all_ecdhe &= strncmp(suite, "ECDHE-", 6) == 0 ||
+                       strncmp(suite, "TLS_", 4) == 0;
+        }
+    }
+    p += n;
+    p += strspn(p, ":, ");
+  }
+  if (!any)
+    return -1;
+  size_t len = (size_t)snprintf(out, outlen, "NORMAL:-VERS-ALL:+VERS-TLS1.3:"
+                                "+VERS-TLS1.2:-CIPHER-ALL");
+  for (size_t i = 0; i < sizeof map / sizeof map[0] && len < outlen; i++) {
+    bool dup = false;
+    for (size_t j = 0; j < i; j++)
+      dup |= used[j] && strcmp(map[j].out, map[i].out) == 0;
+    if (used[i] && !dup)
+      len += (size_t)snprintf(out + len, outlen - len, ":+%s", map[i].out);
+  }
+  if (all_ecdhe && len < outlen)
+    len += (size_t)snprintf(out + len, outlen - len,
+                            ":-KX-ALL:+ECDHE-RSA:+ECDHE-ECDSA");
+  return len < outlen ? 0 : -1;
+}
+
 int
 cmd_sparse_dd(int argc, char **argv)
 {
+  const char *good = NULL; /* -good-ciphersuites */
   const char *src = NULL, *dest = NULL, *size_s = NULL, *proto = NULL;
   const char *export_name = NULL, *mode = "user", *base = NULL;
   bool machine = false, prezeroed = false;
@@ -146,7 +211,7 @@ cmd_sparse_dd(int argc, char **argv)
     } else if (strcmp(o, "-prezeroed") == 0) {
       prezeroed = true;
     } else if (strcmp(o, "-ssl-legacy") == 0) {
-      /* GnuTLS's default priority decides (docs/copy.md). */
+      /* TLS 1.0 and 1.1 are never offered (docs/xapi.md). */
     } else if (!has_arg &&
                (strcmp(o, "-src") == 0 || strcmp(o, "-dest") == 0 ||
                 strcmp(o, "-size") == 0 || strcmp(o, "-base") == 0 ||
@@ -172,9 +237,10 @@ cmd_sparse_dd(int argc, char **argv)
       export_name = argv[++i];
     } else if (strcmp(o, "-encryption-mode") == 0) {
       mode = argv[++i];
-    } else if (strcmp(o, "-good-ciphersuites") == 0 ||
-               strcmp(o, "-legacy-ciphersuites") == 0) {
-      i++; /* OpenSSL syntax: GnuTLS's default priority decides */
+    } else if (strcmp(o, "-good-ciphersuites") == 0) {
+      good = argv[++i];
+    } else if (strcmp(o, "-legacy-ciphersuites") == 0) {
+      i++; /* legacy suites are never offered (docs/xapi.md) */
     } else {
       char what[160];
       snprintf(what, sizeof what, "unknown option '%.100s'", o);
@@ -207,6 +273,18 @@ cmd_sparse_dd(int argc, char **argv)
     log_error("%s: -dest-proto none sends raw bytes, to a file only", d);
     free(d);
     return 2;
+  }
+  char prio_opt[256];
+  if (good) {
+    int n = snprintf(prio_opt, sizeof prio_opt, "--tls-priority=");
+    if (sparse_dd_priority(good, prio_opt + n, sizeof prio_opt - (size_t)n) <
+        0) {
+      char what[200];
+      snprintf(what, sizeof what, "-good-ciphersuites '%.100s': no suite "
+               "nbdflow offers (AES-GCM, AES-CCM, CHACHA20-POLY1305)", good);
+      free(d);
+      return cmd_usage_error("sparse_dd", what);
+    }
   }
   int pfd[2];
   if (pipe2(pfd, O_CLOEXEC) < 0) {
@@ -251,6 +329,16 @@ cmd_sparse_dd(int argc, char **argv)
   if (export_name) {
     snprintf(export_opt, sizeof export_opt, "--nbd-export=%s", export_name);
     cargv[cargc++] = export_opt;
+  }
+  if (good)
+    cargv[cargc++] = prio_opt;
+  /* xapi's command line has no place for a CA: the environment's, else
+   * the system's trusted CAs check an https server. */
+  char ca_opt[300];
+  const char *ca = getenv("NBDFLOW_TLS_CERTIFICATES");
+  if (ca && *ca) {
+    snprintf(ca_opt, sizeof ca_opt, "--tls-certificates=%s", ca);
+    cargv[cargc++] = ca_opt;
   }
   cargv[cargc++] = "--";
   cargv[cargc++] = (char *)src;

@@ -269,6 +269,7 @@ struct endpoint_opts {
   const char *nbd_export;
   const char *tls_certificates;
   bool no_tls_verify;
+  const char *tls_priority; /* --tls-priority, or NULL */
   /* Set by endpoint_open for endpoint_open_nbd: an http(s) URL whose
    * PUT comes before the NBD handshake. endpoint_open_nbd owns it from
    * the call on, but when it returns CLIENT_HTTP_BODY (the answer expects

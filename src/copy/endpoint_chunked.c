@@ -447,7 +447,8 @@ endpoint_open_http(struct ep_env *env, const char *spec,
     .body = &x->body,
     .tls_start = u->tls,
     .tls = { .certs_dir = o->tls_certificates, .hostname = u->host,
-             .verify_peer = !o->no_tls_verify },
+             .verify_peer = !o->no_tls_verify,
+             .priority = o->tls_priority },
   };
   if (u->tls &&
       (r = tls_creds_client_new(&x->h.tls, &x->creds, why, sizeof why)) < 0) {

@@ -275,13 +275,14 @@ tls_errno(int r)
 
 /* The priority string both ends use: TLS 1.2 and 1.3, AEAD ciphers with
  * AES-GCM first, plus the PSK key exchanges when psk, or only TLS 1.2 and
- * the anonymous ones when anon. On failure *prio is NULL, err says why,
- * and the result is -EINVAL. */
+ * the anonymous ones when anon; or the user's own, given. On failure
+ * *prio is NULL, err says why, and the result is -EINVAL. */
 static int
-tls_priority(gnutls_priority_t *prio, bool psk, bool anon, char *err,
-             size_t errlen)
+tls_priority(gnutls_priority_t *prio, bool psk, bool anon, const char *given,
+             char *err, size_t errlen)
 {
-  const char *s = psk    ? TLS_PRIO_BASE TLS_PRIO_PSK
+  const char *s = given  ? given
+                  : psk  ? TLS_PRIO_BASE TLS_PRIO_PSK
                   : anon ? TLS_PRIO_BASE TLS_PRIO_ANON
                          : TLS_PRIO_BASE;
   int r = gnutls_priority_init(prio, s, NULL);
@@ -916,7 +917,8 @@ tls_creds_server_new(const struct tls_server_config *cfg,
       goto fail;
     }
   }
-  r = tls_priority(&c->prio, cfg->psk_file != NULL, false, err, errlen);
+  r = tls_priority(&c->prio, cfg->psk_file != NULL, false, NULL, err,
+                   errlen);
   if (r < 0)
     goto fail;
   *out = c;
@@ -1138,7 +1140,8 @@ tls_creds_client_new(const struct tls_client_config *cfg,
     r = tls_client_load_x509(c->x509, cfg, err, errlen);
   if (r < 0)
     goto fail;
-  r = tls_priority(&c->prio, cfg->psk_file != NULL, cfg->anon, err, errlen);
+  r = tls_priority(&c->prio, cfg->psk_file != NULL, cfg->anon,
+                   cfg->priority, err, errlen);
   if (r < 0)
     goto fail;
   *out = c;

@@ -112,6 +112,8 @@ struct tls_client_config {
   const char *hostname;  /* name the server certificate must carry, or NULL
                           * to check only the chain */
   bool verify_peer;      /* false: accept any server certificate */
+  const char *priority;  /* a GnuTLS priority string in place of ours
+                          * (TLS 1.2 and 1.3, AEAD ciphers), or NULL */
 };
 
 /* Client side: the credentials cfg names (with its username, for PSK),

@@ -535,7 +535,7 @@ conn_setup_socket(struct server *s, struct conn *c)
 /* Takes up an accepted socket on the loop sl, from sl's thread. Its
  * place in nconns and sl->nowned was taken by the accepting loop. */
 static void
-conn_create(struct sloop *sl, int fd)
+conn_create(struct sloop *sl, int fd, const struct transport *tls)
 {
   struct server *s = sl->srv;
   struct conn *c = calloc(1, sizeof *c);
@@ -552,7 +552,12 @@ conn_create(struct sloop *sl, int fd)
   tcpinfo_init(&c->tcp);
   sock_peer_name(fd, c->peer, sizeof c->peer);
   pthread_mutex_init(&c->lock, NULL);
-  transport_init_plain(&c->t, fd);
+  if (tls && tls->ops) {
+    c->t = *tls; /* TLS already runs: the handshake is inside it */
+    c->tls = true;
+  } else {
+    transport_init_plain(&c->t, fd);
+  }
   conn_setup_socket(s, c);
   c->next = sl->conns;
   if (sl->conns)
@@ -587,7 +592,7 @@ server_assign(struct server *s, int fd)
         sl = &s->loops[i];
     if (sl != &s->loops[0] && sl->nhandoff == sl->handoff_cap) {
       int cap = sl->handoff_cap ? 2 * sl->handoff_cap : 16;
-      int *h = realloc(sl->handoff, (size_t)cap * sizeof *h);
+      struct handoff *h = realloc(sl->handoff, (size_t)cap * sizeof *h);
       if (h == NULL) {
         sl = NULL;
       } else {
@@ -597,7 +602,7 @@ server_assign(struct server *s, int fd)
     }
     if (sl) {
       if (sl != &s->loops[0])
-        sl->handoff[sl->nhandoff++] = fd;
+        sl->handoff[sl->nhandoff++] = (struct handoff){ .fd = fd };
       sl->nowned++;
       s->nconns++;
     }
@@ -638,7 +643,7 @@ server_release_slot(struct server *s)
 }
 
 int
-server_adopt(struct server *s, int fd)
+server_adopt(struct server *s, int fd, const struct transport *tls)
 {
   pthread_mutex_lock(&s->lock);
   struct sloop *sl = &s->loops[0];
@@ -647,7 +652,7 @@ server_adopt(struct server *s, int fd)
       sl = &s->loops[i];
   if (sl->nhandoff == sl->handoff_cap) {
     int cap = sl->handoff_cap ? 2 * sl->handoff_cap : 16;
-    int *h = realloc(sl->handoff, (size_t)cap * sizeof *h);
+    struct handoff *h = realloc(sl->handoff, (size_t)cap * sizeof *h);
     if (h == NULL) {
       pthread_mutex_unlock(&s->lock);
       return -ENOMEM;
@@ -655,7 +660,9 @@ server_adopt(struct server *s, int fd)
     sl->handoff = h;
     sl->handoff_cap = cap;
   }
-  sl->handoff[sl->nhandoff++] = fd;
+  sl->handoff[sl->nhandoff++] = (struct handoff){ .fd = fd };
+  if (tls)
+    sl->handoff[sl->nhandoff - 1].tls = *tls;
   sl->nowned++;
   pthread_mutex_unlock(&s->lock);
   loop_wake(sl->loop);
@@ -696,7 +703,7 @@ server_accept(struct loop *l, int lfd, uint32_t events, void *arg)
     }
     struct sloop *sl = server_assign(s, fd);
     if (sl == &s->loops[0])
-      conn_create(sl, fd);
+      conn_create(sl, fd, NULL);
     else if (sl)
       loop_wake(sl->loop);
   }
@@ -797,7 +804,7 @@ sloop_tick(struct loop *l, void *arg)
 {
   struct sloop *sl = arg;
   struct server *s = sl->srv;
-  int *fds = NULL;
+  struct handoff *fds = NULL;
   int nfds = 0;
 
   pthread_mutex_lock(&s->lock);
@@ -812,7 +819,7 @@ sloop_tick(struct loop *l, void *arg)
   pthread_mutex_unlock(&s->lock);
 
   for (int i = 0; i < nfds; i++)
-    conn_create(sl, fds[i]);
+    conn_create(sl, fds[i].fd, &fds[i].tls);
   free(fds);
 
   while (list) {
@@ -1113,8 +1120,12 @@ server_cleanup(struct server *s)
     struct sloop *sl = &s->loops[i];
     while (sl->conns)
       conn_close(sl->conns, NULL);
-    for (int j = 0; j < sl->nhandoff; j++)
-      close(sl->handoff[j]);
+    for (int j = 0; j < sl->nhandoff; j++) {
+      struct handoff *ho = &sl->handoff[j];
+      if (ho->tls.ops)
+        ho->tls.ops->free(&ho->tls);
+      close(ho->fd);
+    }
     free(sl->handoff);
   }
   workq_free(s->workq); /* finishes queued requests first */

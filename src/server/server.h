@@ -114,6 +114,14 @@ struct conn;
 struct server;
 
 /* One event-loop thread and the connections it owns. */
+/* A socket on its way to a loop: accepted, or handed over by a session
+ * (server_adopt), with its TLS transport when it has one (ops NULL:
+ * plain). */
+struct handoff {
+  int fd;
+  struct transport tls;
+};
+
 struct sloop {
   struct server *srv;
   struct loop *loop;
@@ -124,7 +132,7 @@ struct sloop {
 
   /* Under srv->lock. */
   int nowned;             /* connections handed here and not yet gone */
-  int *handoff;           /* accepted sockets for this loop to take up */
+  struct handoff *handoff; /* sockets for this loop to take up */
   int nhandoff, handoff_cap;
   /* Connections a worker asked the loop to look at again (resume reading
    * after backpressure, flush, or finish closing). */
@@ -355,10 +363,13 @@ conn_nlogged(struct conn *c)
 /* For sessions outside the loops (server/xapi.c): a place under
  * --max-connections (0, or -EBUSY when full), its release, and the
  * hand-over of a socket that holds one to a loop as an NBD connection
- * (0, or -ENOMEM: the caller still owns fd and its place). Any thread. */
+ * (0, or -ENOMEM: the caller still owns fd and its place). tls, when not
+ * NULL, is the socket's established TLS session (transport_tls), whose
+ * transport the connection takes over on success: the NBD handshake
+ * then runs inside it, as after STARTTLS. Any thread. */
 int server_take_slot(struct server *s);
 void server_release_slot(struct server *s);
-int server_adopt(struct server *s, int fd);
+int server_adopt(struct server *s, int fd, const struct transport *tls);
 
 struct export *server_find_export(struct server *s, const uint8_t *name,
                                   size_t len);

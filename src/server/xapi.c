@@ -493,16 +493,19 @@ xs_nbd(struct xsess *ss, const char *name)
     xs_refuse(ss, 404, "Not Found", "no export \"%s\"", name);
     return;
   }
+  xs_answer(ss, 200, "OK", "Transfer-encoding: nbd\r\n", NULL);
+  /* The content length of 0 told nothing: NBD follows at once, inside
+   * the HTTPS session when there is one (the connection takes it). */
   if (tls_is_tls(&ss->tp)) {
-    xs_refuse(ss, 501, "Not Implemented", "NBD inside HTTPS is not "
-              "served: use nbds:// to the NBD port");
+    if (server_adopt(ss->x->s, ss->fd, &ss->tp) == 0) {
+      ss->tp.ops = NULL; /* the connection's now */
+      ss->handed_over = true;
+    }
     return;
   }
-  xs_answer(ss, 200, "OK", "Transfer-encoding: nbd\r\n", NULL);
-  /* The content length of 0 told nothing: NBD follows at once. */
   ss->tp.ops->free(&ss->tp);
   ss->tp.ops = NULL;
-  if (server_adopt(ss->x->s, ss->fd) == 0)
+  if (server_adopt(ss->x->s, ss->fd, NULL) == 0)
     ss->handed_over = true;
 }
 
@@ -531,6 +534,10 @@ xs_http(struct xsess *ss)
     if (r < 0) {
       log_warn("%s: https: TLS handshake: %s", ss->peer, err);
       return;
+    }
+    if (log_threshold >= LOG_DEBUG) {
+      tls_describe(&ss->tp, err, sizeof err);
+      log_debug("%s: https: TLS established: %s", ss->peer, err);
     }
   }
   static __thread char head[HTTP_MAX_HEAD];

@@ -4,7 +4,14 @@
 # --tls-certs, checked against the test CA (--tls-certificates); refused
 # against a CA that did not sign the server, and without a CA (the
 # system's store does not know it) unless --tls-verify-peer false; NBD
-# inside HTTPS is refused with a clear status. Every copy verified.
+# inside HTTPS (PUT /nbd/NAME answered with Transfer-encoding: nbd, then
+# the NBD handshake inside the same TLS session), on two connections,
+# into a server that requires TLS of NBD clients; sparse_dd's
+# -good-ciphersuites mapped to a GnuTLS priority (the cipher negotiated
+# is the one named; CBC suites alone a usage error), with the CA from
+# NBDFLOW_TLS_CERTIFICATES and http made https by -encryption-mode
+# always; copy --tls-priority applied (CBC only meets no cipher of the
+# server) and a bad one named. Every copy verified.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/tls-pki.inc"
@@ -16,7 +23,7 @@ pki_dir "$TMP/ca2" "$TMP/foreign"
 make_random "$TMP/src.img" 6
 truncate -s 6M "$TMP/exp.img"
 HPORT=$(free_port)
-serve_tcp --tls=on --tls-certs "$TMP/pki" --http "127.0.0.1:$HPORT" \
+serve_tcp -v --tls=require --tls-certs "$TMP/pki" --http "127.0.0.1:$HPORT" \
     "disk=$TMP/exp.img"
 url="https://localhost:$HPORT/import_raw_vdi?vdi=disk&format=raw"
 check "copy -> https, checked against the CA" \
@@ -43,10 +50,47 @@ flushed2 () { [ "$(grep -c 'chunked into "disk".*flushed' "$SERVER_LOG")" = 2 ];
 wait_for flushed2
 same "$TMP/src.img" "$TMP/exp.img"
 
+# sparse_dd's -good-ciphersuites, mapped to a GnuTLS priority (the server
+# offers every AEAD cipher: the one negotiated is the client's choice).
+truncate -s 0 "$TMP/exp.img"
+truncate -s 6M "$TMP/exp.img"
+check "sparse_dd -good-ciphersuites ECDHE-RSA-AES256-GCM-SHA384 over https" \
+    env NBDFLOW_TLS_CERTIFICATES="$TMP/pki" \
+    "$NBDFLOW" sparse_dd -src "$TMP/src.img" -size 6291456 \
+    -dest "http://localhost:$HPORT/import_raw_vdi?vdi=disk&format=raw" \
+    -dest-proto chunked -good-ciphersuites ECDHE-RSA-AES256-GCM-SHA384 \
+    -encryption-mode always
+flushed3 () { [ "$(grep -c 'chunked into "disk".*flushed' "$SERVER_LOG")" = 3 ]; }
+wait_for flushed3
+same "$TMP/src.img" "$TMP/exp.img"
+[ "$(grep 'https: TLS established' "$SERVER_LOG" | tail -n 1 | grep -c "AES-256-GCM")" = 1 ] ||
+    fail "the session did not use AES-256-GCM: $(grep 'TLS established' "$SERVER_LOG" | tail -n 1)"
 rc=0
-"$NBDFLOW" copy --tls-certificates "$TMP/pki" "$TMP/src.img" \
-    "https://localhost:$HPORT/nbd/disk" 2>"$TMP/err" || rc=$?
-[ "$rc" = 1 ] && grep -q "501" "$TMP/err" ||
-    fail "NBD inside HTTPS: status $rc: $(cat "$TMP/err")"
+"$NBDFLOW" sparse_dd -src "$TMP/src.img" -size 6291456 \
+    -dest "https://127.0.0.1:$HPORT/import_raw_vdi?vdi=disk&format=raw" \
+    -good-ciphersuites AES256-SHA:DES-CBC3-SHA 2>"$TMP/err" || rc=$?
+[ "$rc" = 2 ] && grep -q "no suite nbdflow offers" "$TMP/err" ||
+    fail "-good-ciphersuites of CBC suites only: status $rc: $(cat "$TMP/err")"
+# copy --tls-priority is applied: CBC only meets no cipher of the server.
+rc=0
+"$NBDFLOW" copy --tls-verify-peer false --tls-priority \
+    "NORMAL:-VERS-ALL:+VERS-TLS1.2:-CIPHER-ALL:+AES-128-CBC" "$TMP/src.img" \
+    "https://127.0.0.1:$HPORT/import_raw_vdi?vdi=disk&format=raw" \
+    2>"$TMP/err" || rc=$?
+[ "$rc" = 1 ] && grep -qi "TLS\|handshake" "$TMP/err" ||
+    fail "a CBC-only priority: status $rc: $(cat "$TMP/err")"
+note "ok: refused: $(cat "$TMP/err")"
+rc=0
+"$NBDFLOW" copy --tls-verify-peer false --tls-priority "NOT-A-PRIORITY" \
+    "$TMP/src.img" "https://127.0.0.1:$HPORT/import_raw_vdi?vdi=disk" \
+    2>"$TMP/err" || rc=$?
+[ "$rc" != 0 ] && grep -q 'NOT-A-PRIORITY' "$TMP/err" ||
+    fail "a bad priority string: status $rc: $(cat "$TMP/err")"
+
+make_random "$TMP/src2.img" 6
+check "copy -> https, NBD inside the HTTPS session, 2 connections" \
+    "$NBDFLOW" copy -C 2 --tls-certificates "$TMP/pki" \
+    "$TMP/src2.img" "https://localhost:$HPORT/nbd/disk"
 serve_stop
+same "$TMP/src2.img" "$TMP/exp.img"
 note "ok: https uploads"
