@@ -378,6 +378,13 @@ sock_set_sndbuf(int fd, int size, int *effective)
 }
 
 int
+sock_set_sndbuf_force(int fd, int size, int *effective)
+{
+  int r = sock_set_buf(fd, SO_SNDBUFFORCE, size, effective);
+  return r == -EPERM ? sock_set_buf(fd, SO_SNDBUF, size, effective) : r;
+}
+
+int
 sock_set_rcvbuf(int fd, int size, int *effective)
 {
   return sock_set_buf(fd, SO_RCVBUF, size, effective);

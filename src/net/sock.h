@@ -57,6 +57,9 @@ int sock_set_keepalive(int fd);
 /* Asks for size bytes of send buffer; *effective receives what the kernel
  * granted (Linux reports twice the usable size; we report it halved). */
 int sock_set_sndbuf(int fd, int size, int *effective);
+/* The same past net.core.wmem_max where the process may
+ * (CAP_NET_ADMIN: SO_SNDBUFFORCE), else as sock_set_sndbuf. */
+int sock_set_sndbuf_force(int fd, int size, int *effective);
 int sock_set_rcvbuf(int fd, int size, int *effective);
 /* The largest send and receive buffers TCP autotuning may grow a socket
  * to (the third figures of net.ipv4.tcp_wmem and tcp_rmem, as this
