@@ -22,7 +22,7 @@
 # flushed. The arms run interleaved, BENCH_RUNS times.
 
 : "${BENCH_XAPI_SIZE:=2G}"        # the loopback image
-: "${BENCH_XAPI_LINK_SIZE:=256M}" # the image over the link emulator
+: "${BENCH_XAPI_LINK_SIZE:=2G}"   # the image over the link emulator (at most BENCH_XAPI_SIZE)
 : "${BENCH_XAPI_RTTS:=10 50}"     # emulated round trips, ms
 XAPI_ARMS="nbd http-nbd chunked chunked-stock"
 XAPI_LINK_ARMS="nbd chunked chunked-stock"
