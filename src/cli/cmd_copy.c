@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "cli/cmd.h"
@@ -25,6 +27,7 @@ struct copy_args {
   const char *src, *dst;
   unsigned connections;
   bool verify, json;
+  bool no_space_check;      /* --no-space-check */
   bool nagle, split_writes; /* diagnostics, for every NBD endpoint */
   bool synchronous;
   unsigned conn_requests;  /* nbdcopy's -R: per connection; 0: unset */
@@ -99,6 +102,8 @@ copy_usage(FILE *f)
     "                         other size leaves detection on)\n"
     "  --no-zero-copy         read data into buffers even where the kernel\n"
     "                         could send it from the file (sendfile)\n"
+    "  --no-space-check       copy into a file even when its file system has\n"
+    "                         less room than SRC's allocated bytes\n"
     "  --verify               hash SRC while copying, read DST back, compare\n"
     "  --timeout SECONDS      fail when an NBD server answers none of its\n"
     "                         requests in flight for this long (default %d,\n"
@@ -156,7 +161,7 @@ enum {
   OPT_SPLIT_WRITES, OPT_SYNCHRONOUS, OPT_QUEUE_SIZE, OPT_SRC_FORMAT,
   OPT_DST_FORMAT, OPT_IGNORE_CHECKSUMS, OPT_DST_PROTOCOL, OPT_NBD_EXPORT,
   OPT_TLS_CERTIFICATES, OPT_TLS_VERIFY_PEER, OPT_EXPECT_SIZE, OPT_BASE,
-  OPT_TLS_PRIORITY,
+  OPT_TLS_PRIORITY, OPT_NO_SPACE_CHECK,
 };
 
 /* getopt codes of the resuming options. */
@@ -238,6 +243,55 @@ copy_parse_progress(const char *v, struct copy_opts *o)
  * later over TCP share the window. An explicit --max-requests or
  * --inflight, our own totals, bounds it when smaller, and so does the
  * largest window (COPY_INFLIGHT_MAX). */
+/* A local file SRC copied into a regular file DST: refused, before DST
+ * is opened (or made), when DST's file system has less room than SRC has
+ * allocated, beyond what DST already holds (a rewrite reuses its
+ * blocks). Allocated bytes bound what a copy writes from above: a source
+ * whose allocated blocks hold zeroes may fit after all, which
+ * --no-space-check lets the copy find out. Nothing is checked where the
+ * data cannot be known (an NBD source, a pipe) or DST is no regular
+ * file. 0, or -1 after the line. */
+static int
+copy_space_check(const struct copy_args *a, const struct endpoint *src)
+{
+  struct target ts, td;
+  struct stat ss, sd;
+  struct statvfs fs;
+  if (a->no_space_check || !src->size_known)
+    return 0;
+  target_parse(a->src, false, &ts);
+  target_parse(a->dst, false, &td);
+  if (ts.kind != TARGET_FILE || td.kind != TARGET_FILE ||
+      stat(ts.arg, &ss) < 0 || !S_ISREG(ss.st_mode))
+    return 0;
+  uint64_t held = 0;
+  if (stat(td.arg, &sd) == 0) {
+    if (!S_ISREG(sd.st_mode))
+      return 0;
+    held = (uint64_t)sd.st_blocks * 512;
+  }
+  char dir[PATH_MAX];
+  snprintf(dir, sizeof dir, "%s", td.arg);
+  char *slash = strrchr(dir, '/');
+  if (slash == NULL)
+    snprintf(dir, sizeof dir, ".");
+  else
+    slash[slash == dir] = '\0'; /* "/x" keeps "/" */
+  if (statvfs(dir, &fs) < 0)
+    return 0;
+  uint64_t need = (uint64_t)ss.st_blocks * 512;
+  if (need > src->size)
+    need = src->size;
+  uint64_t room = (uint64_t)fs.f_bavail * fs.f_frsize + held;
+  if (need <= room)
+    return 0;
+  log_error("%s: its file system has room for %llu bytes, and %s has %llu "
+            "bytes allocated: the copy would not fit (--no-space-check to "
+            "try anyway, if much of it is zeroes)", td.arg,
+            (unsigned long long)room, a->src, (unsigned long long)need);
+  return -1;
+}
+
 static void
 copy_per_connection(struct copy_args *a, const struct endpoint *src,
                     const struct endpoint *dst)
@@ -305,6 +359,7 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     { "tls-certificates", required_argument, NULL, OPT_TLS_CERTIFICATES },
     { "tls-verify-peer", required_argument, NULL, OPT_TLS_VERIFY_PEER },
     { "tls-priority", required_argument, NULL, OPT_TLS_PRIORITY },
+    { "no-space-check", no_argument, NULL, OPT_NO_SPACE_CHECK },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
   };
@@ -489,6 +544,9 @@ copy_parse(int argc, char **argv, struct copy_args *a)
       break;
     case OPT_TLS_PRIORITY:
       a->tls_priority = optarg;
+      break;
+    case OPT_NO_SPACE_CHECK:
+      a->no_space_check = true;
       break;
     case OPT_TLS_VERIFY_PEER:
       if (strcmp(optarg, "true") == 0 || strcmp(optarg, "1") == 0)
@@ -963,6 +1021,8 @@ cmd_copy(int argc, char **argv)
               (unsigned long long)a.expect_size);
     goto out;
   }
+  if (copy_space_check(&a, s.src) < 0)
+    goto out;
   uint32_t alloc_block = copy_alloc_block(&a);
   if (alloc_block &&
       copy_alloc_scan(&a, &s, &alloc, copy_dst_format(&a), alloc_block) < 0)

@@ -1,8 +1,10 @@
 #!/bin/bash
 # full-disk.sh: a file system that fills up in the middle of a copy.
 # (qemu-nbd's export on it too: our copy fails with ENOSPC named.)
-# - nbdflow copy into a local file: one error line naming the file, the
-#   offset, the length and ENOSPC, a non-zero exit, no report.
+# - nbdflow copy into a local file: refused before the file is made when
+#   the source's allocated bytes exceed the room; with --no-space-check,
+#   one error line naming the file, the offset, the length and ENOSPC, a
+#   non-zero exit, no report.
 # - nbdflow serve with its export on that file system: each client (ours,
 #   nbdcopy, qemu-img) is told ENOSPC and fails; the server logs the
 #   client and the export (at most 16 lines a connection), keeps
@@ -20,10 +22,20 @@ fs=$TMP/fs
 
 make_random "$TMP/src.img" 8
 
-# 1. A local destination file that runs out of room.
+# 1. A local destination file that cannot fit: refused before it is made,
+# naming the room and the source's allocated bytes; with
+# --no-space-check the copy runs into ENOSPC and says so.
 rc=0
 "$NBDFLOW" copy --json "$TMP/src.img" "$fs/out.img" >"$TMP/out" 2>"$TMP/err" ||
     rc=$?
+[ "$rc" = 1 ] && [ ! -s "$TMP/out" ] && [ ! -e "$fs/out.img" ] &&
+    [ "$(wc -l <"$TMP/err")" = 1 ] &&
+    grep -q "out.img: its file system has room for [0-9]* bytes, and .*src.img has 8388608 bytes allocated" "$TMP/err" ||
+    fail "a copy that cannot fit: status $rc, $(cat "$TMP/err")"
+note "ok: refused: $(cat "$TMP/err")"
+rc=0
+"$NBDFLOW" copy --json --no-space-check "$TMP/src.img" "$fs/out.img" \
+    >"$TMP/out" 2>"$TMP/err" || rc=$?
 check_copy_failed "copy into a full file system" "$rc" "No space left on device"
 grep -q "$fs/out.img" "$TMP/err" ||
     fail "the error does not name the destination file: $(cat "$TMP/err")"
