@@ -74,9 +74,10 @@ copy_usage(FILE *f)
     "  --tls-priority PRIO    https: a GnuTLS priority string in place of\n"
     "                         ours (TLS 1.2 and 1.3, AEAD ciphers)\n"
     "  --expect-size BYTES    refuse to start unless SRC has this size\n"
-    "  --base BASE            DST already holds BASE: compare SRC with it\n"
-    "                         first and send only the 1 MiB blocks that\n"
-    "                         differ (sparse_dd's -base)\n"
+    "  --base BASE            DST already holds BASE: send only the 1 MiB\n"
+    "                         blocks where SRC differs, from SRC's VHD chain\n"
+    "                         when BASE is a parent in it, else compared\n"
+    "                         first (sparse_dd's -base)\n"
     "  --src-format FMT       raw, vhd, qcow2 or auto (default for files: auto, by\n"
     "                         the magic; a probed image never opens a\n"
     "                         parent: name the format to allow it)\n"
@@ -1002,8 +1003,11 @@ cmd_copy(int argc, char **argv)
       log_error("--base: %s", err);
       goto out;
     }
-    if (endpoint_open_delta(&s.env, s.src, base, &delta, err,
-                            sizeof err) < 0) {
+    struct target bt;
+    target_parse(a.base, false, &bt);
+    if (endpoint_open_delta(&s.env, s.src, base,
+                            bt.kind == TARGET_FILE ? bt.arg : NULL, &delta,
+                            err, sizeof err) < 0) {
       s.src = NULL; /* closed with the base */
       log_error("%s", err);
       goto out;
@@ -1011,8 +1015,11 @@ cmd_copy(int argc, char **argv)
     s.src = delta;
     a.o.dst_is_zero = true;
     a.o.no_zero_detect = true;
-    log_info("--base %s: %llu bytes differ", a.base,
-             (unsigned long long)endpoint_delta_changed(delta));
+    log_info("--base %s: %llu bytes differ (%s)", a.base,
+             (unsigned long long)endpoint_delta_changed(delta),
+             endpoint_delta_by_chain(delta)
+                 ? "by the image chain: the base was not read"
+                 : "compared block by block");
   }
   if (a.expect_size_given &&
       (!s.src->size_known || s.src->size != a.expect_size)) {

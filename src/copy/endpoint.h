@@ -351,12 +351,19 @@ int endpoint_open_chunked_socket(struct ep_env *env, const char *spec,
 /* SRC seen against BASE (both owned from the call on, closed on
  * failure): compares them now, on env's loop, then reads as SRC with
  * extents that call every block equal to BASE's a zero extent, so that
- * a copy with dst_is_zero sends only what differs (endpoint_delta.c). */
+ * a copy with dst_is_zero sends only what differs (endpoint_delta.c).
+ * When SRC is an image whose chain holds the file base_path (may be
+ * NULL), the blocks its levels above BASE allocate are the difference,
+ * and nothing is compared. */
 int endpoint_open_delta(struct ep_env *env, struct endpoint *src,
-                        struct endpoint *base, struct endpoint **out,
-                        char *err, size_t errlen);
+                        struct endpoint *base, const char *base_path,
+                        struct endpoint **out, char *err, size_t errlen);
 /* Bytes of the blocks found different (a multiple of the block size). */
 uint64_t endpoint_delta_changed(const struct endpoint *e);
+/* The difference came from the source's image chain, BASE unread. */
+bool endpoint_delta_by_chain(const struct endpoint *e);
+/* The image an endpoint reads through the format layer, or NULL. */
+struct image *endpoint_image(const struct endpoint *e);
 /* An http:// or https:// destination (endpoint_chunked.c). */
 int endpoint_open_http(struct ep_env *env, const char *spec,
                        const struct endpoint_opts *o, struct endpoint **out,

@@ -14,8 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "copy/endpoint.h"
+#include "format/image.h"
 #include "net/loop.h"
 
 #define DELTA_BLOCK (1u << 20)
@@ -25,6 +27,7 @@ struct delta_priv {
   struct endpoint *src, *base; /* owned */
   uint8_t *changed;            /* one bit per block, LSB first */
   uint64_t nblocks, nchanged;
+  bool by_chain; /* from SRC's image chain; BASE never read */
 };
 
 /* ---- the comparison ---- */
@@ -225,8 +228,8 @@ static const struct endpoint_ops delta_ops = {
 
 int
 endpoint_open_delta(struct ep_env *env, struct endpoint *src,
-                    struct endpoint *base, struct endpoint **out, char *err,
-                    size_t errlen)
+                    struct endpoint *base, const char *base_path,
+                    struct endpoint **out, char *err, size_t errlen)
 {
   *out = NULL;
   if (!src->size_known || !base->size_known || src->size != base->size) {
@@ -254,7 +257,19 @@ endpoint_open_delta(struct ep_env *env, struct endpoint *src,
   }
   p->src = src;
   p->base = base;
-  int r = delta_compare(env, p, err, errlen);
+  struct image *img = endpoint_image(src);
+  struct stat st;
+  int r = 0;
+  if (img && img->ops->above && base_path && stat(base_path, &st) == 0)
+    r = img->ops->above(img, st.st_dev, st.st_ino, DELTA_BLOCK, p->changed);
+  if (r == 1) {
+    p->by_chain = true;
+    for (uint64_t b = 0; b < p->nblocks; b++)
+      p->nchanged += delta_changed(p, b);
+    r = 0;
+  } else {
+    r = delta_compare(env, p, err, errlen);
+  }
   if (r < 0) {
     endpoint_close(e);
     return r;
@@ -271,6 +286,13 @@ endpoint_open_delta(struct ep_env *env, struct endpoint *src,
   e->multi_conn = src->multi_conn;
   *out = e;
   return 0;
+}
+
+bool
+endpoint_delta_by_chain(const struct endpoint *e)
+{
+  const struct delta_priv *p = e->priv;
+  return p->by_chain;
 }
 
 uint64_t

@@ -117,6 +117,12 @@ endpoint_open_image(struct ep_env *env, const char *spec, struct image *img,
   return 0;
 }
 
+struct image *
+endpoint_image(const struct endpoint *e)
+{
+  return e->ops == &image_ep_ops ? e->priv : NULL;
+}
+
 bool
 endpoint_image_exists(const char *path, enum image_format f)
 {

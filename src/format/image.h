@@ -21,6 +21,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 enum image_format {
   IMAGE_FORMAT_AUTO, /* probe the magic: never opens a parent */
@@ -160,6 +161,13 @@ struct image_ops {
    * image_opts.check), reporting into c; 0, or -errno when the file
    * could not be read. */
   int (*check)(struct image *img, struct image_check *c);
+  /* Optional: when the file (dev, ino) is a parent somewhere in img's
+   * chain (never img itself), sets in bits (one per `block` bytes of the
+   * virtual disk, LSB first, zeroed by the caller) every block in which
+   * a level above that parent holds data, and returns 1: the rest reads
+   * as the parent does. 0 when the file is not in the chain. */
+  int (*above)(struct image *img, dev_t dev, ino_t ino, uint64_t block,
+               uint8_t *bits);
 };
 
 struct image {

@@ -771,6 +771,35 @@ vhd_info(struct image *img, struct image_info *out, bool allocation)
   }
 }
 
+/* The levels above the parent (dev, ino): every block any of them has
+ * allocated is marked, whatever its bitmap says (a superset: a sector
+ * whose bit is clear reads the parent, and is sent again anyway). */
+static int
+vhd_above(struct image *img, dev_t dev, ino_t ino, uint64_t block,
+          uint8_t *bits)
+{
+  struct vhd_priv *p = img->priv;
+  int k = 1;
+  while (k < p->depth && !(p->lv[k].dev == dev && p->lv[k].ino == ino))
+    k++;
+  if (k >= p->depth || block == 0)
+    return 0;
+  for (int j = 0; j < k; j++) {
+    const struct vhd_level *l = &p->lv[j];
+    for (uint32_t b = 0; b < l->nblocks; b++) {
+      if (vhd_bat_get(l, b) == VHD_BAT_UNUSED)
+        continue;
+      uint64_t lo = (uint64_t)b * l->block_size;
+      uint64_t hi = lo + l->block_size;
+      if (hi > img->size)
+        hi = img->size;
+      for (uint64_t i = lo / block; lo < hi && i <= (hi - 1) / block; i++)
+        bits[i / 8] |= (uint8_t)(1u << (i % 8));
+    }
+  }
+  return 1;
+}
+
 const struct image_ops image_vhd_ops = {
   .name = "vhd",
   .probe = vhd_probe,
@@ -785,4 +814,5 @@ const struct image_ops image_vhd_ops = {
   .trim = vhd_rw_trim,
   .flush = vhd_rw_flush,
   .check = vhd_check,
+  .above = vhd_above,
 };

@@ -61,6 +61,33 @@ grep -q " $((2 << 20)) bytes\$" "$TMP/ref.out" ||
     fail "-base sent other than the two changed blocks: $(cat "$TMP/ref.out")"
 note "ok: -base sent 2 MiB of 8"
 
+# -base by the VHD chain: BASE is the parent in SRC's chain, so the 2 MiB
+# blocks the child allocates (0, by a few sectors, and 2) are the
+# difference, found from its BAT: BASE is not compared.
+GEN=$(dirname "$0")/vhdgen.py
+python3 "$GEN" make "$TMP/p.vhd" --type dynamic --size 16M --data all --seed 3
+python3 "$GEN" make "$TMP/c.vhd" --type diff --parent "$TMP/p.vhd" \
+    --data "block:2 sect:100-140" --seed 4
+python3 "$GEN" read "$TMP/c.vhd" "$TMP/c.raw"
+python3 "$GEN" read "$TMP/p.vhd" "$TMP/pheld.img"
+cmp -s "$TMP/c.raw" "$TMP/pheld.img" && fail "the child reads as its parent"
+RPORT=$(free_port)
+rm -f "$TMP/ready"
+python3 "$REF" recv-chunked "$RPORT" "$TMP/pheld.img" "$TMP/ready" >"$TMP/ref.out" 2>&1 &
+rpid=$!
+wait_for test -s "$TMP/ready"
+check "sparse_dd -base, the base a parent in the source's VHD chain" \
+    "$NBDFLOW" sparse_dd -src "vhd:$TMP/c.vhd" -base "$TMP/p.vhd" \
+    -dest "chunked+tcp://127.0.0.1:$RPORT" -size $((16 << 20)) \
+    -dest-proto chunked 2>"$TMP/err"
+wait "$rpid" || fail "reference receiver: $(cat "$TMP/ref.out")"
+same "$TMP/c.raw" "$TMP/pheld.img"
+grep -q "4194304 bytes differ (by the image chain" "$TMP/err" ||
+    fail "the difference was not taken from the chain: $(cat "$TMP/err")"
+grep -q " $((4 << 20)) bytes\$" "$TMP/ref.out" ||
+    fail "-base by the chain sent other than blocks 0 and 2: $(cat "$TMP/ref.out")"
+note "ok: -base by the VHD chain sent 4 MiB of 16"
+
 rc=0
 "$NBDFLOW" sparse_dd -src "$TMP/src.img" -dest "$TMP/x.img" -size 4096 \
     2>"$TMP/err" || rc=$?
