@@ -122,6 +122,8 @@ copy_usage(FILE *f)
     "                         SIZE x the same count, in all\n"
     "  -T, --threads N        accepted for nbdcopy command lines; no effect\n"
     "  --json                 final report as JSON on stdout\n"
+    "  --rate LIMIT           send data at LIMIT bytes a second at most, over\n"
+    "                         all connections (64M: 64 MiB/s)\n"
     "  --retry N[,DELAY]      reconnect a lost NBD connection, N attempts in\n"
     "                         a row, after DELAY s (1), doubling\n"
     "  --retry-errors         with --retry: also resend a request the\n"
@@ -162,7 +164,7 @@ enum {
   OPT_SPLIT_WRITES, OPT_SYNCHRONOUS, OPT_QUEUE_SIZE, OPT_SRC_FORMAT,
   OPT_DST_FORMAT, OPT_IGNORE_CHECKSUMS, OPT_DST_PROTOCOL, OPT_NBD_EXPORT,
   OPT_TLS_CERTIFICATES, OPT_TLS_VERIFY_PEER, OPT_EXPECT_SIZE, OPT_BASE,
-  OPT_TLS_PRIORITY, OPT_NO_SPACE_CHECK,
+  OPT_TLS_PRIORITY, OPT_NO_SPACE_CHECK, OPT_RATE,
 };
 
 /* getopt codes of the resuming options. */
@@ -361,6 +363,7 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     { "tls-verify-peer", required_argument, NULL, OPT_TLS_VERIFY_PEER },
     { "tls-priority", required_argument, NULL, OPT_TLS_PRIORITY },
     { "no-space-check", no_argument, NULL, OPT_NO_SPACE_CHECK },
+    { "rate", required_argument, NULL, OPT_RATE },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
   };
@@ -549,6 +552,13 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     case OPT_NO_SPACE_CHECK:
       a->no_space_check = true;
       break;
+    case OPT_RATE:
+      if (size_parse(optarg, &a->o.rate) < 0 || a->o.rate < 4096) {
+        log_error("--rate: bytes a second with K, M or G (64M: 64 MiB/s), "
+                  "4K at least, not '%s'", optarg);
+        return 2;
+      }
+      break;
     case OPT_TLS_VERIFY_PEER:
       if (strcmp(optarg, "true") == 0 || strcmp(optarg, "1") == 0)
         a->no_tls_verify = false;
@@ -676,7 +686,8 @@ copy_report_json(const struct copy_args *a, const struct copy_stats *st,
          "\"data_path\": \"%s\", \"verified\": %s, "
          "\"diagnostic\": {\"nagle\": %s, \"split_writes\": %s, "
          "\"max_requests\": %u}, \"reconnects\": %llu, "
-         "\"bytes_resent\": %llu, \"bytes_resumed\": %llu%s%s%s%s}\n",
+         "\"bytes_resent\": %llu, \"bytes_resumed\": %llu, "
+         "\"rate_limit\": %llu%s%s%s%s}\n",
          (unsigned long long)st->total,
          (unsigned long long)st->copied, (unsigned long long)st->zeroed,
          (unsigned long long)st->skipped, st->seconds, mibs,
@@ -689,6 +700,7 @@ copy_report_json(const struct copy_args *a, const struct copy_stats *st,
          a->nagle ? "true" : "false", a->split_writes ? "true" : "false",
          a->o.max_requests, (unsigned long long)st->reconnects,
          (unsigned long long)st->resent, (unsigned long long)st->resumed,
+         (unsigned long long)a->o.rate,
          st->tcp_json[0] ? ", \"tcp\": " : "",
          st->tcp_json,
          st->tcp_json_each[0] ? ", \"tcp_per_connection\": " : "",

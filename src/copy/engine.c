@@ -91,6 +91,8 @@ struct engine {
   size_t nfree_bufs, nbufs, max_bufs;
   uint8_t *zero_buf;    /* read-only zeroes, shared by zero writes */
   uint64_t inflight;
+  uint64_t rate_sent;   /* --rate: data bytes issued since rate_t0_us */
+  uint64_t rate_t0_us;
   unsigned src_busy, dst_busy;
   struct cop *gate_head, *gate_tail;
 
@@ -878,6 +880,22 @@ eng_cop_take(struct engine *e, uint64_t len, bool zero)
 /* Issues one piece if the window, the pool and the planner allow it.
  * Returns true when something was issued, or when the plan changed and
  * it should be asked again. */
+/* --rate: data leaves at o->rate bytes a second on average, counted from
+ * the first piece, with one request's worth allowed ahead; a piece
+ * longer than that waits for its own time. Zeroing and holes carry no
+ * payload and are not counted. The tick (every ENG_RATE_TICK_MS then)
+ * issues what time has allowed since. */
+static bool
+eng_rate_allows(struct engine *e, uint64_t len)
+{
+  uint64_t now = loop_now_us();
+  if (e->rate_t0_us == 0)
+    e->rate_t0_us = now;
+  double allowed = (double)e->o->rate * (double)(now - e->rate_t0_us) / 1e6 +
+                   (double)e->rsize;
+  return e->rate_sent == 0 || (double)(e->rate_sent + len) <= allowed;
+}
+
 static bool
 eng_issue_one(struct engine *e)
 {
@@ -903,6 +921,8 @@ eng_issue_one(struct engine *e)
     return true;
   }
   if (e->inflight > 0 && e->inflight + len > e->window)
+    return false;
+  if (e->o->rate && !eng_rate_allows(e, len))
     return false;
   uint8_t *buf = NULL;
   size_t cap = (size_t)e->rsize; /* of buf */
@@ -944,6 +964,7 @@ eng_issue_one(struct engine *e)
   c->charge = len;
   c->cap = buf ? cap : 0;
   e->inflight += len;
+  e->rate_sent += len;
   e->data_active++;
   if (e->inflight > e->st->peak_inflight)
     e->st->peak_inflight = e->inflight;
@@ -1013,12 +1034,12 @@ eng_progress(struct engine *e, bool final)
             "{\"phase\": \"%s\", \"done\": %llu, \"total\": %llu, "
             "\"percent\": %.1f, \"seconds\": %.2f, \"mib_per_s\": %.1f, "
             "\"inflight\": %llu, \"reconnects\": %llu, "
-            "\"bytes_resent\": %llu}\n",
+            "\"bytes_resent\": %llu, \"rate_limit\": %llu}\n",
             e->o->label, (unsigned long long)st->done,
             (unsigned long long)total,
             total ? 100.0 * (double)st->done / (double)total : 100.0, secs,
             mibs, (unsigned long long)e->inflight, (unsigned long long)rc,
-            (unsigned long long)rs);
+            (unsigned long long)rs, (unsigned long long)e->o->rate);
   } else if (e->o->progress == COPY_PROGRESS_BAR) {
     /* On a terminal a bar redrawn in place; in a log (no terminal) a
      * line every ENG_PROGRESS_LOG_US and one at the end. */
@@ -1038,6 +1059,9 @@ eng_progress(struct engine *e, bool final)
             100.0 * frac, size_format(st->done, a, sizeof a),
             size_format(total, b, sizeof b), mibs, (int)eta / 60,
             (int)eta % 60);
+    if (e->o->rate)
+      fprintf(stderr, " (--rate %.1f MiB/s)",
+              (double)e->o->rate / 1048576.0);
     fputc(final || !e->tty ? '\n' : ' ', stderr);
   }
   e->t_last_print_us = now;
@@ -1291,6 +1315,7 @@ eng_op_name(enum ep_op_type t)
 }
 
 #define ENG_WATCH_US 190000 /* ~200 ms, tolerating tick jitter */
+#define ENG_RATE_TICK_MS 20 /* the tick under --rate: its pacing step */
 #define ENG_FLUSH_TIMEOUT_FACTOR 10 /* a FLUSH gets 10 x --timeout */
 
 /* --timeout: fails the copy with ETIMEDOUT when an NBD endpoint with
@@ -1650,7 +1675,7 @@ copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
     sigaction(SIGINT, &sa, NULL);
   if (old_term.sa_handler != SIG_IGN)
     sigaction(SIGTERM, &sa, NULL);
-  loop_set_tick(env->loop, 200, eng_tick, e);
+  loop_set_tick(env->loop, o->rate ? ENG_RATE_TICK_MS : 200, eng_tick, e);
   eng_pump(e);
   /* Run the loop even when the copy already finished (an empty source):
    * finishing stopped it, and that stop must be spent here, or the next

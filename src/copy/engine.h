@@ -72,6 +72,8 @@ struct copy_opts {
                             over all connections; 0: no limit */
   unsigned request_limit; /* the same as a tuning limit (nbdcopy's -R),
                              which keeps the opening request; 0: none */
+  uint64_t rate;         /* --rate: data bytes a second at most, over all
+                            connections; 0: no limit */
   unsigned timeout_s;    /* an NBD endpoint with requests in flight that
                             answers none of them for this long fails the
                             copy with ETIMEDOUT; 0: wait forever */
