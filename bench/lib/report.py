@@ -15,6 +15,7 @@ import sys
 import report_link
 import report_qcow2
 import report_retry
+import report_rate
 import report_vhd
 import report_xapi
 import report_vhdrw
@@ -645,6 +646,7 @@ def main(argv):
     report_vhd.section_vhd(out, rows, meta)
     report_qcow2.section_qcow2(out, rows, meta)
     report_retry.section_retry(out, rows, meta)
+    report_rate.section_rate(out, rows, meta)
     report_xapi.section_xapi(out, rows, meta)
     report_vhdrw.section_vhdrw(out, rows, meta)
     section_notes(out, rows)
