@@ -150,11 +150,14 @@ sparse_dd_priority(const char *list, char *out, size_t outlen)
     const char *out; /* GnuTLS cipher */
   } map[] = {
     { "AES256-GCM", "AES-256-GCM" }, { "AES128-GCM", "AES-128-GCM" },
+    /* CCM8 before CCM: the first match counts */
+    { "AES256-CCM8", "AES-256-CCM-8" }, { "AES128-CCM8", "AES-128-CCM-8" },
     { "AES256-CCM", "AES-256-CCM" }, { "AES128-CCM", "AES-128-CCM" },
     { "CHACHA20-POLY1305", "CHACHA20-POLY1305" },
     /* TLS 1.3 names, should a list carry them */
     { "AES_256_GCM", "AES-256-GCM" }, { "AES_128_GCM", "AES-128-GCM" },
-    { "AES_128_CCM", "AES-128-CCM" }, { "CHACHA20_POLY1305", "CHACHA20-POLY1305" },
+    { "AES_128_CCM_8", "AES-128-CCM-8" }, { "AES_128_CCM", "AES-128-CCM" },
+    { "CHACHA20_POLY1305", "CHACHA20-POLY1305" },
   };
   bool used[sizeof map / sizeof map[0]] = { false };
   bool any = false, all_ecdhe = true;
@@ -170,6 +173,7 @@ sparse_dd_priority(const char *list, char *out, size_t outlen)
           used[i] = any = true;
           all_ecdhe &= strncmp(suite, "ECDHE-", 6) == 0 ||
                        strncmp(suite, "TLS_", 4) == 0;
+          break;
         }
     }
     p += n;

@@ -152,6 +152,8 @@ nbd_retryable(const struct nbd_priv *p, const struct client_conn *c, int err)
 }
 
 static uint64_t nbd_retry_wait_us(const struct nbd_priv *p, unsigned n);
+struct nbd_connect_job;
+static bool nbd_job_sleep(struct nbd_connect_job *j, uint64_t us);
 
 /* --retry-errors: an error reply that the server's storage may get over
  * (a path failing over, space freed), to a request that changes nothing
@@ -185,8 +187,6 @@ nbd_hold_error(struct endpoint *e, struct ep_op *op, int err,
            (unsigned long long)op->offset, (unsigned long long)op->length,
            msg && msg[0] ? msg : strerror(err),
            (double)(at - loop_now_us()) / 1e6, op->err_tries, p->retry_max);
-  if (op->type == EP_WRITE)
-    e->resent_bytes += op->length;
   if (at > p->again_at_us)
     p->again_at_us = at;
   op->next_parked = NULL;
@@ -218,8 +218,8 @@ nbd_park(struct endpoint *e, struct ep_op *op)
  * Blocking: on slot 0 before it joins the loop, or on the thread of a
  * reconnection. Returns 0, or -errno with c->errmsg set. */
 static int
-nbd_read_sample(const struct nbd_priv *p, struct client_conn *c,
-                uint64_t *digest)
+nbd_read_sample(const struct nbd_priv *p, struct nbd_connect_job *j,
+                struct client_conn *c, uint64_t *digest)
 {
   const struct client_info *in = &c->info;
   uint64_t mb = in->min_block > 1 ? in->min_block : 1;
@@ -242,19 +242,22 @@ nbd_read_sample(const struct nbd_priv *p, struct client_conn *c,
   for (int i = 0; r == 0 && i < 3; i++) {
     if (offs[i] + len > in->size)
       offs[i] = (in->size - len) / mb * mb;
+    /* --retry-errors covers these reads as it does the copy's, within
+     * the handshake's limit for all the waits (30 s when there is none),
+     * and a close cancels the wait. */
+    uint64_t waited = 0, limit = p->co.timeout_ms >= 0
+                                     ? (uint64_t)p->co.timeout_ms * 1000
+                                     : 30000000;
     for (unsigned t = 0;; t++) {
       struct client_req q = { .type = NBD_CMD_READ, .offset = offs[i],
                               .length = len, .buf = buf };
       r = client_run(c, &q, p->co.timeout_ms);
-      /* --retry-errors covers these reads as it does the copy's. */
-      if (!(p->retry_errors && t < p->retry_max && !c->fatal &&
-            (r == -EIO || r == -ENOMEM || r == -ENOSPC)))
-        break;
       uint64_t us = nbd_retry_wait_us(p, t + 1);
-      struct timespec ts = { (time_t)(us / 1000000),
-                             (long)(us % 1000000) * 1000 };
-      while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
+      if (!(p->retry_errors && t < p->retry_max && !c->fatal &&
+            (r == -EIO || r == -ENOMEM || r == -ENOSPC)) ||
+          waited + us > limit || !nbd_job_sleep(j, us))
+        break;
+      waited += us;
       c->errmsg[0] = '\0';
     }
     if (r < 0 && c->errmsg[0] == '\0')
@@ -751,6 +754,28 @@ struct nbd_connect_job {
   bool cancel; /* close came: shut down any socket published from now */
 };
 
+/* Sleeps us in steps of 50 ms on a connect job's thread (or the opening
+ * one, j NULL); false, at once, when the job is cancelled. */
+static bool
+nbd_job_sleep(struct nbd_connect_job *j, uint64_t us)
+{
+  while (us > 0) {
+    if (j) {
+      pthread_mutex_lock(&j->lock);
+      bool cancel = j->cancel;
+      pthread_mutex_unlock(&j->lock);
+      if (cancel)
+        return false;
+    }
+    uint64_t step = us < 50000 ? us : 50000;
+    struct timespec ts = { 0, (long)step * 1000 };
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+      ;
+    us -= step;
+  }
+  return true;
+}
+
 static void
 nbd_job_socket(void *arg, int fd)
 {
@@ -768,7 +793,7 @@ nbd_connect_thread(void *arg)
   struct nbd_connect_job *j = arg;
   j->r = client_connect(&j->s->c, &j->p->uri, &j->co);
   if (j->r == 0 && j->sample)
-    j->r = nbd_read_sample(j->p, &j->s->c, &j->digest);
+    j->r = nbd_read_sample(j->p, j, &j->s->c, &j->digest);
   atomic_store_explicit(&j->done, true, memory_order_release);
   if (j->sample) /* a reconnection: the loop may be waiting in epoll */
     loop_wake(j->s->e->env->loop);
@@ -1154,6 +1179,9 @@ nbd_send_again(struct endpoint *e)
   struct ep_op *op = p->again;
   p->again = p->again_tail = NULL;
   p->again_at_us = 0;
+  for (struct ep_op *q = op; q; q = q->next_parked)
+    if (q->type == EP_WRITE)
+      e->resent_bytes += q->length; /* its payload goes a second time */
   nbd_submit_list(e, op);
 }
 
@@ -1273,7 +1301,7 @@ nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
   p->info0.exports = NULL;
   p->info0.nexports = 0;
   if (p->retry_max && !o->write) {
-    r = nbd_read_sample(p, &p->slots[0].c, &p->sample_digest);
+    r = nbd_read_sample(p, NULL, &p->slots[0].c, &p->sample_digest);
     if (r < 0) {
       snprintf(err, errlen, "%s: %s", e->name, p->slots[0].c.errmsg);
       return r;

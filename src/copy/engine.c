@@ -91,8 +91,8 @@ struct engine {
   size_t nfree_bufs, nbufs, max_bufs;
   uint8_t *zero_buf;    /* read-only zeroes, shared by zero writes */
   uint64_t inflight;
-  uint64_t rate_sent;   /* --rate: data bytes issued since rate_t0_us */
-  uint64_t rate_t0_us;
+  double rate_tokens;   /* --rate: bytes that may leave now (< 0: owed) */
+  uint64_t rate_last_us; /* when rate_tokens was last filled; 0: never */
   unsigned src_busy, dst_busy;
   struct cop *gate_head, *gate_tail;
 
@@ -880,20 +880,29 @@ eng_cop_take(struct engine *e, uint64_t len, bool zero)
 /* Issues one piece if the window, the pool and the planner allow it.
  * Returns true when something was issued, or when the plan changed and
  * it should be asked again. */
-/* --rate: data leaves at o->rate bytes a second on average, counted from
- * the first piece, with one request's worth allowed ahead; a piece
- * longer than that waits for its own time. Zeroing and holes carry no
- * payload and are not counted. The tick (every ENG_RATE_TICK_MS then)
- * issues what time has allowed since. */
+#define ENG_RATE_TICK_MS 20 /* the tick under --rate: its pacing step */
+
+/* --rate: a token bucket. Bytes earn o->rate a second, up to one
+ * request plus one tick's worth, so that time spent waiting (a
+ * reconnection, a stretch of zeroes) earns no burst; it starts with one
+ * request's worth. A piece goes when the bucket holds it (a piece longer
+ * than the bucket, when it is full) and takes its bytes, into debt if
+ * need be. Zeroing and holes carry no payload and are not counted. The
+ * tick (every ENG_RATE_TICK_MS then) issues what time has allowed. */
 static bool
 eng_rate_allows(struct engine *e, uint64_t len)
 {
   uint64_t now = loop_now_us();
-  if (e->rate_t0_us == 0)
-    e->rate_t0_us = now;
-  double allowed = (double)e->o->rate * (double)(now - e->rate_t0_us) / 1e6 +
-                   (double)e->rsize;
-  return e->rate_sent == 0 || (double)(e->rate_sent + len) <= allowed;
+  double rate = (double)e->o->rate;
+  double cap = (double)e->rsize + rate * ENG_RATE_TICK_MS / 1000.0;
+  if (e->rate_last_us == 0)
+    e->rate_tokens = (double)e->rsize;
+  else
+    e->rate_tokens += rate * (double)(now - e->rate_last_us) / 1e6;
+  if (e->rate_tokens > cap)
+    e->rate_tokens = cap;
+  e->rate_last_us = now;
+  return e->rate_tokens >= ((double)len < cap ? (double)len : cap);
 }
 
 static bool
@@ -964,7 +973,8 @@ eng_issue_one(struct engine *e)
   c->charge = len;
   c->cap = buf ? cap : 0;
   e->inflight += len;
-  e->rate_sent += len;
+  if (e->o->rate)
+    e->rate_tokens -= (double)len;
   e->data_active++;
   if (e->inflight > e->st->peak_inflight)
     e->st->peak_inflight = e->inflight;
@@ -1315,7 +1325,6 @@ eng_op_name(enum ep_op_type t)
 }
 
 #define ENG_WATCH_US 190000 /* ~200 ms, tolerating tick jitter */
-#define ENG_RATE_TICK_MS 20 /* the tick under --rate: its pacing step */
 #define ENG_FLUSH_TIMEOUT_FACTOR 10 /* a FLUSH gets 10 x --timeout */
 
 /* --timeout: fails the copy with ETIMEDOUT when an NBD endpoint with

@@ -380,8 +380,19 @@ sock_set_sndbuf(int fd, int size, int *effective)
 int
 sock_set_sndbuf_force(int fd, int size, int *effective)
 {
-  int r = sock_set_buf(fd, SO_SNDBUFFORCE, size, effective);
-  return r == -EPERM ? sock_set_buf(fd, SO_SNDBUF, size, effective) : r;
+  /* SO_SNDBUFFORCE is set only: the result reads as SO_SNDBUF. */
+  int r = sock_setint(fd, SOL_SOCKET, SO_SNDBUFFORCE, size);
+  if (r == -EPERM)
+    return sock_set_buf(fd, SO_SNDBUF, size, effective);
+  if (r < 0)
+    return r;
+  int got = 0;
+  socklen_t gl = sizeof got;
+  if (getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &got, &gl) < 0)
+    return -errno;
+  if (effective)
+    *effective = got / 2;
+  return 0;
 }
 
 int

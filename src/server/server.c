@@ -540,6 +540,10 @@ conn_create(struct sloop *sl, int fd, const struct transport *tls)
   struct server *s = sl->srv;
   struct conn *c = calloc(1, sizeof *c);
   if (c == NULL) {
+    if (tls && tls->ops) {
+      struct transport t = *tls;
+      t.ops->free(&t);
+    }
     close(fd);
     sloop_uncount(sl);
     return;
