@@ -1,16 +1,8 @@
 """Report table of bench/lib/rate.sh's section rate. Standard library
 only; used by report.py."""
-import statistics
+from report_util import MIB, num
 
-MIB = 1 << 20
 GOAL = 0.05  # the rate over 10 s within this share of the limit
-
-
-def _num(r, key):
-    try:
-        return float(r["extra"].get(key))
-    except (TypeError, ValueError):
-        return None
 
 
 def section_rate(out, rows, meta):
@@ -36,8 +28,8 @@ def section_rate(out, rows, meta):
         if r["status"] != "ok":
             out.append("| %s | failed: %s | | | | |" % (r["run"], r["note"]))
             continue
-        cr, wr, lim = (_num(r, "copy_rate"), _num(r, "win_rate"),
-                       _num(r, "limit"))
+        cr, wr, lim = (num(r, "copy_rate"), num(r, "win_rate"),
+                       num(r, "limit"))
         dev = (wr / lim - 1) if wr and lim else None
         if dev is not None:
             devs.append(dev)

@@ -2,23 +2,9 @@
 only; used by report.py."""
 import statistics
 
-MIB = 1 << 20
+from report_util import MIB, med, med_range, mibs, num
+
 GOAL = 1.2  # a killed copy's time over an undisturbed one's, at most
-
-
-def _num(r, key):
-    try:
-        return float(r["extra"].get(key))
-    except (TypeError, ValueError):
-        return None
-
-
-def _rng(v, d):
-    v = [x for x in v if x is not None]
-    if not v:
-        return "-"
-    return "%.*f (%.*f-%.*f)" % (d, statistics.median(v), d, min(v), d,
-                                 max(v))
 
 
 def section_retry(out, rows, meta):
@@ -45,22 +31,21 @@ def section_retry(out, rows, meta):
         good = [r for r in a if r["status"] == "ok"]
         ok[arm] = {r["run"]: float(r["seconds"]) for r in good}
         secs = [float(r["seconds"]) for r in good]
-        mibs = [float(r["bytes"]) / MIB / float(r["seconds"]) for r in good]
+        rates = [mibs(r) for r in good]
         out.append("| %s | %s | %s | %s | %s | %d |" % (
-            arm, _rng(secs, 2), "%.1f" % statistics.median(mibs)
-            if mibs else "-",
-            _rng([_num(r, "reconnects") for r in good], 0),
-            _rng([(_num(r, "resent") or 0) / MIB for r in good], 1),
+            arm, med_range(secs, 2), med(rates),
+            med_range([num(r, "reconnects") for r in good], 0),
+            med_range([(num(r, "resent") or 0) / MIB for r in good], 1),
             len(a) - len(good)))
     out.append("")
     per_run = [ok["killed"][k] / ok["undisturbed"][k]
                for k in ok["killed"] if k in ok["undisturbed"]]
     if per_run:
-        med = statistics.median(per_run)
+        ratio = statistics.median(per_run)
         out.append("Killed over undisturbed, per run: median %.2fx "
                    "(%.2f-%.2f); goal at most %.1fx: %s." % (
-                       med, min(per_run), max(per_run), GOAL,
-                       "met" if med <= GOAL else "**not met**"))
+                       ratio, min(per_run), max(per_run), GOAL,
+                       "met" if ratio <= GOAL else "**not met**"))
         out.append("")
     for r in rows:
         if r["status"] not in ("ok", "missing"):

@@ -2,8 +2,8 @@
 only; used by report.py."""
 import statistics
 
-MIB = 1 << 20
-GIB = 1 << 30
+from report_util import GIB, MIB, med, mibs, num
+
 GOAL = 1.5   # nbdflow serve over qemu-nbd -f vpc, MiB/s, at least
 
 SERVERS = {
@@ -12,22 +12,6 @@ SERVERS = {
                 "DST.vhd`",
 }
 WORKLOADS = {"dense": "dense", "sparse": "sparse"}
-
-
-def _num(r, key):
-    try:
-        return float(r["extra"].get(key))
-    except (TypeError, ValueError):
-        return None
-
-
-def _mibs(r):
-    return float(r["bytes"]) / MIB / float(r["seconds"])
-
-
-def _med(v, fmt):
-    v = [x for x in v if x is not None]
-    return fmt % statistics.median(v) if v else "-"
 
 
 def _table(out, rows, wl):
@@ -40,10 +24,10 @@ def _table(out, rows, wl):
         if not a:
             continue
         good = [r for r in a if r["status"] == "ok"]
-        by[srv] = {r["run"]: _mibs(r) for r in good}
-        m = [_mibs(r) for r in good]
+        by[srv] = {r["run"]: mibs(r) for r in good}
+        m = [mibs(r) for r in good]
         gib = [float(r["bytes"]) / GIB for r in good]
-        sc = [(_num(r, "srv_cpu_s") / g) if _num(r, "srv_cpu_s") is not None
+        sc = [(num(r, "srv_cpu_s") / g) if num(r, "srv_cpu_s") is not None
               else None for r, g in zip(good, gib)]
         cc = []
         for r, g in zip(good, gib):
@@ -51,12 +35,12 @@ def _table(out, rows, wl):
                 cc.append((float(r["user_s"]) + float(r["sys_s"])) / g)
             except (TypeError, ValueError):
                 cc.append(None)
-        vb = [(_num(r, "vhd_bytes") or 0) / MIB for r in good]
+        vb = [(num(r, "vhd_bytes") or 0) / MIB for r in good]
         out.append("| %s | %s | %s | %s | %s | %d |" % (
             name,
             ("%.0f (%.0f-%.0f)" % (statistics.median(m), min(m), max(m)))
             if m else "-",
-            _med(sc, "%.2f"), _med(cc, "%.2f"), _med(vb, "%.0f"),
+            med(sc, "%.2f"), med(cc, "%.2f"), med(vb, "%.0f"),
             len(a) - len(good)))
     out.append("")
     return by
@@ -68,10 +52,10 @@ def _ratio(out, by, what):
         return
     a, b = by["nbdflow"], by["qemu-nbd"]
     per = [a[k] / b[k] for k in a if k in b]
-    med = statistics.median(a.values()) / statistics.median(b.values())
+    ratio = statistics.median(a.values()) / statistics.median(b.values())
     out.append("| %s | %.2fx | %s | %.1fx | %s |" % (
-        what, med, ("%.2f-%.2f" % (min(per), max(per))) if per else "-",
-        GOAL, "yes" if med >= GOAL else "**no**"))
+        what, ratio, ("%.2f-%.2f" % (min(per), max(per))) if per else "-",
+        GOAL, "yes" if ratio >= GOAL else "**no**"))
 
 
 def section_vhdrw(out, rows, meta):

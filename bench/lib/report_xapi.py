@@ -2,8 +2,8 @@
 only; used by report.py."""
 import statistics
 
-MIB = 1 << 20
-GIB = 1 << 30
+from report_util import GIB, med, mibs, num
+
 GOAL_CHUNKED = 0.90     # Chunked over our NBD pair, MiB/s, at least
 GOAL_UPGRADE = 0.95     # HTTP-upgraded NBD over plain nbd://, at least
 GOAL_LINK = 0.90        # share of the emulated link at 50 ms, at least
@@ -17,29 +17,13 @@ ARMS = {
 }
 
 
-def _num(r, key):
-    try:
-        return float(r["extra"].get(key))
-    except (TypeError, ValueError):
-        return None
-
-
-def _mibs(r):
-    return float(r["bytes"]) / MIB / float(r["seconds"])
-
-
 def _cpu(r, key):
     if key == "client":
         try:
             return float(r["user_s"]) + float(r["sys_s"])
         except (TypeError, ValueError):
             return None
-    return _num(r, "srv_cpu_s")
-
-
-def _med(v, fmt="%.1f"):
-    v = [x for x in v if x is not None]
-    return fmt % statistics.median(v) if v else "-"
+    return num(r, "srv_cpu_s")
 
 
 def _table(out, rows, wl, arms):
@@ -52,8 +36,8 @@ def _table(out, rows, wl, arms):
         if not a:
             continue
         good = [r for r in a if r["status"] == "ok"]
-        by[arm] = {r["run"]: _mibs(r) for r in good}
-        m = [_mibs(r) for r in good]
+        by[arm] = {r["run"]: mibs(r) for r in good}
+        m = [mibs(r) for r in good]
         gib = [float(r["bytes"]) / GIB for r in good]
         cc = [(_cpu(r, "client") or 0) / g for r, g in zip(good, gib)]
         sc = [_cpu(r, "server") / g if _cpu(r, "server") is not None
@@ -62,8 +46,8 @@ def _table(out, rows, wl, arms):
             ARMS.get(arm, arm),
             ("%.0f (%.0f-%.0f)" % (statistics.median(m), min(m), max(m)))
             if m else "-",
-            _med(cc, "%.2f"), _med(sc, "%.2f"),
-            _med([_num(r, "stall_pct") for r in good], "%.1f"),
+            med(cc, "%.2f"), med(sc, "%.2f"),
+            med([num(r, "stall_pct") for r in good], "%.1f"),
             len(a) - len(good)))
     out.append("")
     return by
@@ -75,12 +59,12 @@ def _ratio(out, by, a, b, goal, what):
     per = [by[a][k] / by[b][k] for k in by[a] if k in by[b]]
     if not per:
         return
-    med = statistics.median(by[a].values()) / statistics.median(
+    ratio = statistics.median(by[a].values()) / statistics.median(
         by[b].values())
     out.append("| %s | %.2fx | %.2f-%.2f | %s | %s |" % (
-        what, med, min(per), max(per),
+        what, ratio, min(per), max(per),
         "%.2fx" % goal if goal else "-",
-        ("yes" if med >= goal else "**no**") if goal else "-"))
+        ("yes" if ratio >= goal else "**no**") if goal else "-"))
 
 
 def section_xapi(out, rows, meta):
