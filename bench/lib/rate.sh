@@ -1,7 +1,7 @@
 # bench/lib/rate.sh: the section rate of bench/run (issue 36's bandwidth
 # cap; not in the default BENCH_SECTIONS: run it as BENCH_SECTIONS=rate
 # bench/run, as root). Sourced by bench/run after retry.sh, whose
-# retry_server_start it uses (nbdkit's file plugin in namespace B); uses
+# nbdkit_link_ready, random_image and retry_server_start it uses (nbdkit's file plugin in namespace B); uses
 # link_check, link_up, link_down, record, meta, note_cmd, say, bytes,
 # server_stop, RAW, W, NBDFLOW, LIB and the knobs below.
 #
@@ -75,19 +75,11 @@ PY
 
 section_rate() {
   local run
-  if ! link_check; then
-    record rate - - - link 0 missing "" "" "" "" "" "" "$LINK_ERR"
-    return
-  fi
-  if ! command -v nbdkit >/dev/null; then
-    record rate - - nbdkit link 0 missing "" "" "" "" "" "" "nbdkit not installed"
-    return
-  fi
+  nbdkit_link_ready rate || return
   RATE_IMG=$W/rate-src.img
   RETRY_DST=$W/rate-dst.img
   RATE_BYTES=$(bytes "$BENCH_RATE_SIZE")
-  python3 "$LIB/images.py" random "$RATE_IMG" "$RATE_BYTES" || die "rate image failed"
-  RATE_SUM=$("$NBDFLOW" sum --algo xxh128 "$RATE_IMG" | cut -d' ' -f1)
+  RATE_SUM=$(random_image "$RATE_IMG" "$RATE_BYTES" rate) || exit 1
   meta rate "$BENCH_RATE_SIZE random image into nbdkit's file plugin over the emulated link at $BENCH_RATE_RTT ms and $BENCH_RATE; nbdflow copy --rate $BENCH_RATE_LIMIT ($(bytes "$BENCH_RATE_LIMIT") bytes/s)"
   if ! link_up "$BENCH_RATE_RTT"; then
     record rate "$BENCH_RATE_RTT" - - link 0 fail "" "" "" "" "" "" "$LINK_ERR"

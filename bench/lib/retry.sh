@@ -118,21 +118,33 @@ PY
   say "retry run $run: $arm: $status ${secs}s${note:+ ($note)}"
 }
 
-section_retry() {
-  local run arm
+# nbdkit_link_ready SECTION: true when the link emulator and nbdkit are
+# there; otherwise SECTION is recorded as missing, saying why.
+nbdkit_link_ready() {
   if ! link_check; then
-    record retry - - - link 0 missing "" "" "" "" "" "" "$LINK_ERR"
-    return
+    record "$1" - - - link 0 missing "" "" "" "" "" "" "$LINK_ERR"
+    return 1
   fi
   if ! command -v nbdkit >/dev/null; then
-    record retry - - nbdkit link 0 missing "" "" "" "" "" "" "nbdkit not installed"
-    return
+    record "$1" - - nbdkit link 0 missing "" "" "" "" "" "" "nbdkit not installed"
+    return 1
   fi
+}
+
+# random_image PATH BYTES SECTION: writes a random image and prints its
+# xxh128, which every destination is checked against.
+random_image() {
+  python3 "$LIB/images.py" random "$1" "$2" || die "$3 image failed"
+  "$NBDFLOW" sum --algo xxh128 "$1" | cut -d' ' -f1
+}
+
+section_retry() {
+  local run arm
+  nbdkit_link_ready retry || return
   RETRY_IMG=$W/retry-src.img
   RETRY_DST=$W/retry-dst.img
   RETRY_BYTES=$(bytes "$BENCH_RETRY_SIZE")
-  python3 "$LIB/images.py" random "$RETRY_IMG" "$RETRY_BYTES" || die "retry image failed"
-  RETRY_SUM=$("$NBDFLOW" sum --algo xxh128 "$RETRY_IMG" | cut -d' ' -f1)
+  RETRY_SUM=$(random_image "$RETRY_IMG" "$RETRY_BYTES" retry) || exit 1
   meta retry "$BENCH_RETRY_SIZE random image into nbdkit's file plugin over the emulated link at $BENCH_RETRY_RTT ms and $BENCH_RATE; killed arm: SIGKILL at $BENCH_RETRY_KILL_PCT% done and restarted at once; nbdflow copy $BENCH_RETRY_OPTS"
   if ! link_up "$BENCH_RETRY_RTT"; then
     record retry "$BENCH_RETRY_RTT" - - link 0 fail "" "" "" "" "" "" "$LINK_ERR"
