@@ -79,7 +79,7 @@ same "$TMP/src.img" "$TMP/back.img"
 # (more than the copy looks ahead), a hole the rest; the file shrinks to
 # 200 MiB long before the copy reaches 96 MiB (at least 1,000 writes of
 # 20 ms, 4 at a time: 5 s), so its look at the hole finds the file
-# shorter.
+# shorter. The first write to arrive shows the copy has taken the size.
 python3 - "$TMP/shrink.img" <<'PY'
 import os, sys
 with open(sys.argv[1], "wb") as f:
@@ -88,11 +88,12 @@ with open(sys.argv[1], "wb") as f:
         f.seek(i * 32768)
         f.write(os.urandom(4096))
 PY
-kit "$TMP/shrink.sock" --filter=delay memory 256M wdelay=20ms
+kit "$TMP/shrink.sock" --filter=log --filter=delay memory 256M wdelay=20ms \
+    logfile="$TMP/shrink.log"
 "$NBDFLOW" copy --max-requests 4 --destination-is-zero --json \
     "$TMP/shrink.img" "$(uri "$TMP/shrink.sock")" >"$TMP/out" 2>"$TMP/err" &
 copy_pid=$!
-sleep 0.5
+wait_for grep -q " Write id=" "$TMP/shrink.log"
 truncate -s 200M "$TMP/shrink.img"
 rc=0
 wait "$copy_pid" || rc=$?

@@ -70,8 +70,7 @@ writer=$!
 on_exit "kill $writer 2>/dev/null"
 ( trap - INT; exec "$NBDFLOW" copy - null: <"$TMP/fifo" >"$TMP/out" 2>"$TMP/err" ) &
 PID=$!
-wait_for test -e "/proc/$PID/fd/0"
-sleep 0.5
+wait_for in_pipe_read "$PID"
 stopped_by TERM 143 "interrupted by SIGTERM after 0 bytes" \
     "copy from a silent pipe"
 

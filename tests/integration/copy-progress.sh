@@ -55,7 +55,7 @@ wait_for test -S "$TMP/b.sock"
 "$NBDFLOW" copy --progress=json --request-size 128K --inflight 1M \
     "$TMP/src.img" "nbd+unix:///?socket=$TMP/b.sock" 2>"$TMP/progress2" &
 cpid=$!
-sleep 2.5
+wait_for grep -q '"done": [1-9]' "$TMP/progress2"
 kill -KILL "$kpid"
 wait "$kpid" 2>/dev/null || true
 forget_pid "$kpid"

@@ -71,12 +71,13 @@ copy_expect buffer "--verify reads through buffers" --verify \
 # The source shrinks under a slow copy: the payload a header promised is
 # gone, so the connection and the copy must fail, loudly, once.
 make_random "$TMP/shrink.img" 16
-kit "$TMP/slow.sock" --filter=delay memory 16M wdelay=100ms
+kit "$TMP/slow.sock" --filter=log --filter=delay memory 16M wdelay=100ms \
+    logfile="$TMP/slow.log"
 rc=0
 "$NBDFLOW" copy --json --request-size 256K --inflight 512K \
     "$TMP/shrink.img" "$(uri "$TMP/slow.sock")" >"$TMP/out" 2>"$TMP/err" &
 copy_pid=$!
-sleep 1
+wait_for grep -q " Write id=" "$TMP/slow.log"
 truncate -s 1M "$TMP/shrink.img"
 wait "$copy_pid" || rc=$?
 check_copy_failed "shrinking source" "$rc" "source file ended"

@@ -286,12 +286,34 @@ serve_stop () {
 
 # ---- Peer servers started by the tests themselves --------------------------
 
-# wait_for CMD...: polls CMD for up to 10 s; fails the test if it never
-# succeeds.
+# wait_for CMD...: polls CMD for up to TEST_WAIT seconds (10; tests/valgrind
+# sets more); fails the test if it never succeeds.
 wait_for () {
     local i
-    for i in $(seq 100); do "$@" 2>/dev/null && return 0; sleep 0.1; done
-    fail "peer server did not come up: $*"
+    for i in $(seq $((${TEST_WAIT:-10} * 10))); do
+        "$@" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    fail "still not true after ${TEST_WAIT:-10} s: $*"
+}
+
+# A test that acts on a running copy waits for the state it needs rather
+# than for a guessed time, so that a slow process (under valgrind, or on a
+# loaded machine) is acted on at the same point of its work.
+
+# has_open PID FILE: PID holds FILE open (a copy has looked at its source).
+has_open () {
+    local f want
+    want=$(readlink -f "$2")
+    for f in /proc/"$1"/fd/*; do
+        [ "$(readlink "$f" 2>/dev/null)" = "$want" ] && return 0
+    done
+    return 1
+}
+
+# in_pipe_read PID: one of PID's threads sleeps in a read from a pipe.
+in_pipe_read () {
+    grep -Eqs 'pipe_read|pipe_wait' /proc/"$1"/task/*/wchan
 }
 
 # kit SOCK ARGS...: nbdkit on a Unix socket, ready when it returns; its pid
@@ -380,7 +402,7 @@ traced_writes () {
 # scripts) and skips loudly unless root, /dev/net/tun, iproute2, ping and a
 # built emulator are all there.
 linkem_prereqs () {
-    LINKEM=${LINKEM:-$(dirname "$NBDFLOW")/bench/nbdflow-linkem}
+    LINKEM=${LINKEM:-$(dirname "${NBDFLOW_REAL:-$NBDFLOW}")/bench/nbdflow-linkem}
     UP=$REPO_DIR/bench/linkem/netns-up.sh
     DOWN=$REPO_DIR/bench/linkem/netns-down.sh
     [ "$(id -u)" = 0 ] || skip "needs root to create network namespaces"

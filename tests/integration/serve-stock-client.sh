@@ -17,7 +17,7 @@ set -euo pipefail
 need python3
 tmpdir_make
 
-STOCK=$(dirname "$NBDFLOW")/bench/nbdflow-stockclient
+STOCK=$(dirname "${NBDFLOW_REAL:-$NBDFLOW}")/bench/nbdflow-stockclient
 [ -x "$STOCK" ] || skip "no $STOCK (bench/ is built with the project)"
 
 for rsize in 512 65536; do
