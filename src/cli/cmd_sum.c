@@ -32,6 +32,7 @@ sum_usage(FILE *f)
           "--timeout: fail when an NBD server answers none of its requests\n"
           "in flight for this long (default %d, 0: wait forever); connecting\n"
           "and the handshake wait at most this, and 30 s at most.\n"
+          "-h, --help: show this help.\n"
           "Exit status: 0 when the digest is printed; 1 on a failure (one\n"
           "line says why); 2 for a usage error; a SIGINT or SIGTERM ends it\n"
           "by that signal, after one line (a shell shows 130 or 143).\n",
