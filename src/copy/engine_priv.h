@@ -1,0 +1,162 @@
+/* engine_priv.h: what the files of the copy engine share, and nothing
+ * outside them sees: the engine's state and a piece's.
+ *
+ *   engine.c     the loop that drives pieces: issue, completion, the
+ *                buffer pool, the window, finishing, signals
+ *   plan.c       the planner: the source's extents cut into pieces
+ *   pacing.c     progress, window and connection adaptation, --rate
+ *   watchdog.c   --timeout: an NBD endpoint that stopped answering
+ *   checkpoint.c --checkpoint: flushing and recording what has landed
+ *   digest.c     hashing in offset order for sum and --verify
+ *
+ * Everything here runs on the loop thread, except where a function says
+ * it runs on a worker. */
+#ifndef NBDFLOW_COPY_ENGINE_PRIV_H
+#define NBDFLOW_COPY_ENGINE_PRIV_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <xxhash.h>
+
+#include "copy/engine.h"
+
+#define ENG_EXT_BATCH 1024
+#define ENG_EXT_CAP (4 * ENG_EXT_BATCH)
+#define ENG_MAX_COPS 4096
+#define ENG_ADAPT_MIN_US 100000  /* window adaptation period bounds */
+#define ENG_ADAPT_MAX_US 1000000
+
+enum cop_state { COP_FREE, COP_READING, COP_READY, COP_WRITING };
+
+/* One piece of the image on its way from source to destination. */
+struct cop {
+  struct engine *eng;
+  enum cop_state state;
+  uint64_t offset, length;
+  bool zero;          /* carries no data worth writing */
+  bool hashed;
+  bool in_order;      /* linked in the ordering gate's list */
+  bool data;          /* a data piece: charged to the window */
+  bool from_file;     /* data sent straight from the file range that the
+                         source mapped (file_fd at file_off), which this
+                         piece borrows until release; no buf */
+  int file_fd;
+  uint64_t file_off;
+  bool padding;       /* wop is reading the destination's last block */
+  bool padded;        /* buf holds the piece up to the end of that block */
+  uint8_t *buf;       /* from the pool; owned by this piece until release */
+  bool own_buf;       /* buf is the opening piece's own, freed on release */
+  uint64_t charge;    /* bytes counted against the window */
+  uint64_t cap;       /* bytes buf can hold (0: no buf) */
+  uint64_t t0_us;
+  uint64_t t_sub_us;  /* when its read or write was submitted */
+  struct ep_op rop, wop;
+  struct cop *prev, *next; /* gate list, or free list (next only) */
+};
+
+struct engine {
+  struct ep_env *env;
+  struct endpoint *src, *dst;
+  const struct copy_opts *o;
+  struct copy_stats *st;
+
+  uint64_t size;        /* bytes to copy; UINT64_MAX until a pipe ends */
+  uint64_t rsize, align, zero_max;
+  uint64_t open_len;    /* length of the opening data piece while it is
+                           still to be sent; 0 once sent or when no
+                           endpoint wants one */
+  uint64_t open_max;    /* the same, as set up */
+  uint64_t window;
+  bool adaptive;
+  bool ordered;         /* pieces pass the gate in offset order */
+  bool send_file;       /* data pieces the source can map skip the read:
+                           the destination sends them from the source's
+                           file (sendfile) */
+  uint32_t pad;         /* the destination's minimum block size (0: none):
+                           a last piece that ends inside such a block is
+                           read-modify-written (eng_needs_pad) */
+  uint8_t *pad_buf;     /* pad bytes: that block as the destination has it */
+
+  /* Planner. */
+  uint64_t pos;
+  struct endpoint_extent ext[ENG_EXT_CAP];
+  size_t ext_head, ext_count;
+  uint64_t ext_end;     /* where the known extents end */
+  bool ext_pending;
+  struct endpoint_extent ext_batch[ENG_EXT_BATCH];
+  struct ep_op ext_op;
+  bool src_eof;
+
+  /* Pieces and buffers. */
+  struct cop *cops;     /* ENG_MAX_COPS, handed out from the start as
+                           needed, so untouched ones cost no pages */
+  size_t cops_used;     /* cops[0..cops_used) have been handed out */
+  struct cop *free_cops;
+  unsigned active, data_active, zero_active;
+  uint8_t **free_bufs;  /* pool of rsize buffers, owned by the engine */
+  size_t nfree_bufs, nbufs, max_bufs;
+  uint8_t *zero_buf;    /* read-only zeroes, shared by zero writes */
+  uint64_t inflight;
+  double rate_tokens;   /* --rate: bytes that may leave now (< 0: owed) */
+  uint64_t rate_last_us; /* when rate_tokens was last filled; 0: never */
+  unsigned src_busy, dst_busy;
+  struct cop *gate_head, *gate_tail;
+
+  /* Ordered hashing. */
+  uint64_t hash_pos;
+  XXH3_state_t *chunk_state;
+  uint64_t chunk_fill;
+  uint64_t zero_chunk_digest;
+
+  /* Completions, collected by the done callbacks, handled by the pump. */
+  struct ep_op *done_head, *done_tail;
+  bool pumping;
+
+  struct ep_op flush_op;
+  bool flushing, flushed;
+
+  /* --checkpoint (copy_opts.checkpoint): one at a time, a FLUSH of the
+   * destination for the offset measured when it was sent, then the
+   * callback on a worker (it syncs a file: the loop never waits for a
+   * device). */
+  struct ep_op ckpt_op;
+  bool ckpt_busy;           /* ckpt_op is out (flush, or commit) */
+  bool ckpt_committing;     /* ... and it is the commit, on a worker */
+  uint64_t ckpt_below;      /* what the checkpoint under way vouches for */
+  uint64_t ckpt_committed;  /* the last offset handed to checkpoint */
+  uint64_t t_last_ckpt_us, t_ckpt_us;
+
+  int failed;
+  char *err;
+  size_t errlen;
+
+  /* Progress and adaptation. */
+  uint64_t t_start_us, t_last_print_us, t_last_adapt_us;
+  uint64_t copied_at_last_adapt; /* data bytes: zeroes never fill a link */
+  double bw_est;              /* smoothed data bytes/s, 0 before the first */
+  uint64_t adapt_period_us;   /* 4 smallest RTTs, 100 ms .. 1 s */
+  bool tty;
+  bool finished;
+  bool stall_warned;    /* the --progress stall warning was given */
+  int fd_percent;       /* last "N/100" written for --progress=FD, or -1 */
+  uint64_t t_last_tcp_us; /* last TCP_INFO sample */
+
+  /* The no-reply watchdog; index 0 is the source, 1 the destination. */
+  bool watched[2];        /* NBD endpoints only */
+  uint64_t t_reply_us[2]; /* last reply of each (start of the copy) */
+  uint64_t t_ext_us, t_flush_us; /* submission of ext_op, flush_op */
+  uint64_t t_last_watch_us;
+  bool abandoned;         /* stopped waiting for a silent endpoint */
+  uint64_t t_signal_us;   /* when a signal abandoned the run, else 0 */
+};
+
+/* What the planner says of the next piece (eng_plan). */
+enum plan { PLAN_OK, PLAN_WAIT, PLAN_DONE };
+
+static inline uint64_t
+eng_min(uint64_t a, uint64_t b)
+{
+  return a < b ? a : b;
+}
+
+#endif
