@@ -159,4 +159,29 @@ eng_min(uint64_t a, uint64_t b)
   return a < b ? a : b;
 }
 
+/* engine.c */
+
+/* Records the first failure of the copy, what (e.g. "read from") of ep
+ * at off and len failing with err (0: EIO) and msg (the peer's, or NULL
+ * or ""); later failures are consequences and stay quiet. */
+void eng_fail(struct engine *e, const char *what, const struct endpoint *ep,
+              uint64_t off, uint64_t len, int err, const char *msg);
+/* The done callback of the engine's own ops (ext_op, flush_op,
+ * ckpt_op; arg is the engine): queues op for the pump. */
+void eng_ctl_done(struct ep_op *op);
+
+/* plan.c */
+
+/* True when a piece at off of len is the copy's last and ends inside the
+ * destination's minimum block: it is read-modify-written. */
+bool eng_needs_pad(const struct engine *e, uint64_t off, uint64_t len);
+/* ext_op completed: its extents join the planner's table. */
+void eng_extents_done(struct engine *e);
+/* The next piece at e->pos: PLAN_OK with its length and whether it is a
+ * zero piece, PLAN_WAIT until more extents arrive, or PLAN_DONE. May
+ * send ext_op. */
+enum plan eng_plan(struct engine *e, uint64_t *len, bool *zero);
+/* The piece eng_plan proposed was issued: the planner moves past it. */
+void eng_consume(struct engine *e, uint64_t len);
+
 #endif
