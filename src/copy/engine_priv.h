@@ -25,6 +25,7 @@
 #define ENG_MAX_COPS 4096
 #define ENG_ADAPT_MIN_US 100000  /* window adaptation period bounds */
 #define ENG_ADAPT_MAX_US 1000000
+#define ENG_RATE_TICK_MS 20 /* the tick under --rate: its pacing step */
 
 enum cop_state { COP_FREE, COP_READING, COP_READY, COP_WRITING };
 
@@ -183,5 +184,20 @@ void eng_extents_done(struct engine *e);
 enum plan eng_plan(struct engine *e, uint64_t *len, bool *zero);
 /* The piece eng_plan proposed was issued: the planner moves past it. */
 void eng_consume(struct engine *e, uint64_t len);
+
+/* pacing.c */
+
+/* --rate: whether a data piece of len may go now (its bytes are taken
+ * from the bucket by the caller, once it is issued). */
+bool eng_rate_allows(struct engine *e, uint64_t len);
+/* Progress in the form copy_opts.progress asks for: rate-limited, or at
+ * once when final. */
+void eng_progress(struct engine *e, bool final);
+/* A TCP_INFO sample of both endpoints (about every 200 ms), and the
+ * --progress warning of stalls. */
+void eng_sample_tcp(struct engine *e);
+/* Window and connection count fitted to bandwidth and RTT (about every
+ * 4 RTTs). */
+void eng_adapt(struct engine *e);
 
 #endif

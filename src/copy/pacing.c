@@ -1,0 +1,225 @@
+/* pacing.c: how fast the copy goes and what it says about it: the
+ * --rate token bucket, progress (bar, JSON, nbdcopy's FD lines), TCP
+ * samples and the stall warning, and the adaptation of the window and
+ * of the NBD connection count to the bandwidth and RTT seen. Called
+ * from the engine's tick (and eng_rate_allows before each data piece).
+ * See engine_priv.h. */
+#include "copy/engine_priv.h"
+
+#include <stdio.h>
+
+#include "net/loop.h"
+#include "util/log.h"
+#include "util/size.h"
+
+/* --rate: a token bucket. Bytes earn o->rate a second, up to one
+ * request plus one tick's worth, so that time spent waiting (a
+ * reconnection, a stretch of zeroes) earns no burst; it starts with one
+ * request's worth. A piece goes when the bucket holds it (a piece longer
+ * than the bucket, when it is full) and takes its bytes, into debt if
+ * need be. Zeroing and holes carry no payload and are not counted. The
+ * tick (every ENG_RATE_TICK_MS then) issues what time has allowed. */
+bool
+eng_rate_allows(struct engine *e, uint64_t len)
+{
+  uint64_t now = loop_now_us();
+  double rate = (double)e->o->rate;
+  double cap = (double)e->rsize + rate * ENG_RATE_TICK_MS / 1000.0;
+  if (e->rate_last_us == 0)
+    e->rate_tokens = (double)e->rsize;
+  else
+    e->rate_tokens += rate * (double)(now - e->rate_last_us) / 1e6;
+  if (e->rate_tokens > cap)
+    e->rate_tokens = cap;
+  e->rate_last_us = now;
+  return e->rate_tokens >= ((double)len < cap ? (double)len : cap);
+}
+
+#define ENG_PROGRESS_LOG_US 10000000 /* a progress line in a log: 10 s */
+
+void
+eng_progress(struct engine *e, bool final)
+{
+  uint64_t now = loop_now_us();
+  const struct copy_stats *st = e->st;
+  double secs = (double)(now - e->t_start_us) / 1e6;
+  double mibs = secs > 0 ? (double)(st->done - st->resumed) / 1048576.0 /
+                               secs : 0;
+  uint64_t total = e->size == UINT64_MAX ? 0 : e->size;
+  if (e->o->progress == COPY_PROGRESS_FD) {
+    /* nbdcopy's format: "N/100" whenever N moves. 100 is the command's
+     * to write, once nothing after the transfer can fail it. */
+    int pct = total ? (int)(st->done * 100 / total) : 0;
+    if (pct > 99)
+      pct = 99;
+    if (pct != e->fd_percent)
+      (void)dprintf(e->o->progress_fd, "%d/100\n", pct);
+    e->fd_percent = pct;
+  } else if (e->o->progress == COPY_PROGRESS_JSON) {
+    if (!final && now - e->t_last_print_us < 1000000)
+      return;
+    uint64_t rc = e->src->reconnects + (e->dst ? e->dst->reconnects : 0);
+    uint64_t rs = e->src->resent_bytes + (e->dst ? e->dst->resent_bytes : 0);
+    fprintf(stderr,
+            "{\"phase\": \"%s\", \"done\": %llu, \"total\": %llu, "
+            "\"percent\": %.1f, \"seconds\": %.2f, \"mib_per_s\": %.1f, "
+            "\"inflight\": %llu, \"reconnects\": %llu, "
+            "\"bytes_resent\": %llu, \"rate_limit\": %llu}\n",
+            e->o->label, (unsigned long long)st->done,
+            (unsigned long long)total,
+            total ? 100.0 * (double)st->done / (double)total : 100.0, secs,
+            mibs, (unsigned long long)e->inflight, (unsigned long long)rc,
+            (unsigned long long)rs, (unsigned long long)e->o->rate);
+  } else if (e->o->progress == COPY_PROGRESS_BAR) {
+    /* On a terminal a bar redrawn in place; in a log (no terminal) a
+     * line every ENG_PROGRESS_LOG_US and one at the end. */
+    if (!final && now - e->t_last_print_us <
+                      (e->tty ? 200000 : ENG_PROGRESS_LOG_US))
+      return;
+    char a[32], b[32];
+    double frac = total ? (double)st->done / (double)total : 0;
+    int fill = (int)(frac * 30);
+    double eta = mibs > 0 && total ? (double)(total - st->done) / 1048576.0 / mibs : 0;
+    if (e->tty)
+      fprintf(stderr, "\r%s [%-30.*s] ", e->o->label, fill,
+              "##############################");
+    else
+      fprintf(stderr, "%s: ", e->o->label);
+    fprintf(stderr, "%5.1f%% %s / %s %.0f MiB/s ETA %d:%02d",
+            100.0 * frac, size_format(st->done, a, sizeof a),
+            size_format(total, b, sizeof b), mibs, (int)eta / 60,
+            (int)eta % 60);
+    if (e->o->rate)
+      fprintf(stderr, " (--rate %.1f MiB/s)",
+              (double)e->o->rate / 1048576.0);
+    fputc(final || !e->tty ? '\n' : ' ', stderr);
+  }
+  e->t_last_print_us = now;
+}
+
+#define ENG_TCP_SAMPLE_US 190000 /* ~200 ms, tolerating tick jitter */
+
+/* Samples TCP_INFO on both endpoints about every 200 ms and, with
+ * --progress, warns once when the NBD side stalls too often. */
+void
+eng_sample_tcp(struct engine *e)
+{
+  struct endpoint *eps[2] = { e->src, e->dst };
+  struct endpoint *nbd = e->dst && e->dst->ops->tcp_json ? e->dst : e->src;
+  uint64_t samples = 0;
+  double pct = -1;
+  uint64_t now = loop_now_us();
+  if (now - e->t_last_tcp_us < ENG_TCP_SAMPLE_US)
+    return; /* the tick also runs after every wake-up */
+  e->t_last_tcp_us = now;
+  for (int i = 0; i < 2; i++) {
+    uint64_t n;
+    if (eps[i] == NULL || eps[i]->ops->sample_tcp == NULL)
+      continue;
+    double p = eps[i]->ops->sample_tcp(eps[i], &n);
+    if (eps[i] == nbd) {
+      pct = p;
+      samples = n;
+    }
+  }
+  e->st->stall_pct = pct;
+  if (e->o->progress == COPY_PROGRESS_NONE || e->stall_warned ||
+      samples < COPY_STALL_WARN_SAMPLES || pct <= COPY_STALL_WARN_PCT)
+    return;
+  e->stall_warned = true;
+  if (e->o->progress == COPY_PROGRESS_JSON) {
+    fprintf(stderr, "{\"phase\": \"%s\", \"warning\": \"tcp_stalls\", "
+            "\"stall_pct\": %.1f, \"samples\": %llu}\n", e->o->label, pct,
+            (unsigned long long)samples);
+    return;
+  }
+  if (e->tty)
+    fputc('\n', stderr);
+  log_warn("TCP stalls in %.0f%% of samples: small writes wait for delayed "
+           "ACKs (Nagle, split writes, one request in flight?); see "
+           "'Diagnostic options' in docs/copy.md", pct);
+}
+
+/* Lets each NBD endpoint fit its connection count to its own share of
+ * the window: 2 x bandwidth x its own RTT (a nearby source is not grown
+ * for a far destination), no more than a fixed --inflight allows. Not
+ * while the work left is under 4 windows: connections that join then
+ * would carry nothing. */
+static void
+eng_fit_connections(struct engine *e, double bw, const uint32_t rtts[2])
+{
+  struct endpoint *eps[2] = { e->src, e->dst };
+  if (e->size != UINT64_MAX && e->size - e->pos < 4 * e->window)
+    return;
+  for (int i = 0; i < 2; i++) {
+    if (eps[i] == NULL || eps[i]->ops->fit_window == NULL || rtts[i] == 0)
+      continue;
+    uint64_t want = (uint64_t)(2 * bw * (double)rtts[i] / 1e6);
+    if (want > COPY_WINDOW_CAP)
+      want = COPY_WINDOW_CAP;
+    if (!e->adaptive && want > e->window)
+      want = e->window;
+    eps[i]->ops->fit_window(eps[i], want);
+  }
+}
+
+/* Window = 2 x bandwidth x RTT (smallest RTT the transport saw), at
+ * least a floor of requests that keeps the servers busy, capped. Not
+ * floor + 2 x BDP: on a long link that overfills the bottleneck's queue.
+ * Measured over an emulated 1 Gbit/s, 50 ms link whose router buffers one
+ * BDP (6.25 MB): a window of ~19 MiB (the sum) lost ~1200 segments per
+ * connection and reached 80% of the link; 10-12 MiB (about 2 x BDP, the
+ * max) lost none and reached 91-92%. A window-limited copy still grows:
+ * its bandwidth is window / RTT, so the next window doubles.
+ * It adapts every 4 RTTs (100 ms .. 1 s). Once a second, the same link
+ * spent its first 3 s of a 512 MiB copy below a 4 MiB window, at 60-70%
+ * of the link; now it reaches 2 x BDP within about a second. Doubling
+ * outright while the window held pieces back grew no faster (TCP's own
+ * start-up was the bound) and overshot into losses. A fixed window
+ * (--inflight) stays as it is, but the connection count still follows. */
+void
+eng_adapt(struct engine *e)
+{
+  uint64_t now = loop_now_us();
+  if (now - e->t_last_adapt_us < e->adapt_period_us)
+    return;
+  double dt = (double)(now - e->t_last_adapt_us) / 1e6;
+  uint64_t moved = e->st->copied - e->copied_at_last_adapt;
+  if (moved == 0) {
+    /* Zeroes and holes only (or a stall): nothing says what the link
+     * carries, and shrinking to the floor would only cost a regrowth. */
+    e->t_last_adapt_us = now;
+    return;
+  }
+  /* Completions arrive in bursts: over a few RTTs one period can see
+   * 15% more than the link carries, so the estimate is smoothed. */
+  double bw = (double)moved / dt;
+  if (e->bw_est > 0)
+    bw = (bw + e->bw_est) / 2;
+  e->bw_est = bw;
+  uint32_t rtts[2] = { 0, 0 }, rtt = 0;
+  struct endpoint *eps[2] = { e->src, e->dst };
+  for (int i = 0; i < 2; i++)
+    if (eps[i] && eps[i]->ops->sample_rtt) {
+      rtts[i] = eps[i]->ops->sample_rtt(eps[i]);
+      if (rtts[i] > rtt)
+        rtt = rtts[i];
+    }
+  eng_fit_connections(e, bw, rtts);
+  if (e->adaptive) {
+    uint64_t w = (uint64_t)(2 * bw * (double)rtt / 1e6);
+    if (w < COPY_WINDOW_FLOOR_REQUESTS * e->rsize)
+      w = COPY_WINDOW_FLOOR_REQUESTS * e->rsize;
+    if (w > COPY_WINDOW_CAP)
+      w = COPY_WINDOW_CAP;
+    e->window = w;
+    e->max_bufs = (size_t)((w + e->rsize - 1) / e->rsize) + 1;
+  }
+  e->t_last_adapt_us = now;
+  e->copied_at_last_adapt = e->st->copied;
+  e->adapt_period_us = ENG_ADAPT_MIN_US;
+  if ((uint64_t)rtt * 4 > e->adapt_period_us)
+    e->adapt_period_us = (uint64_t)rtt * 4;
+  if (e->adapt_period_us > ENG_ADAPT_MAX_US)
+    e->adapt_period_us = ENG_ADAPT_MAX_US;
+}
