@@ -170,6 +170,10 @@ void eng_fail(struct engine *e, const char *what, const struct endpoint *ep,
 /* The done callback of the engine's own ops (ext_op, flush_op,
  * ckpt_op; arg is the engine): queues op for the pump. */
 void eng_ctl_done(struct ep_op *op);
+/* Ends the run (stops the loop) once nothing is left to wait for: every
+ * piece done, flushed and recorded, or, after abandoning (--timeout, a
+ * signal), once no local request still borrows memory. */
+void eng_check_finish(struct engine *e);
 
 /* plan.c */
 
@@ -199,5 +203,12 @@ void eng_sample_tcp(struct engine *e);
 /* Window and connection count fitted to bandwidth and RTT (about every
  * 4 RTTs). */
 void eng_adapt(struct engine *e);
+
+/* watchdog.c */
+
+/* --timeout: about every 200 ms, finds an NBD endpoint silent for
+ * timeout_s with requests in flight; has it reconnect (--retry) or fails
+ * the copy with ETIMEDOUT and abandons the run. */
+void eng_watchdog(struct engine *e);
 
 #endif
