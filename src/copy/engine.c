@@ -13,7 +13,6 @@
 #include "net/loop.h"
 #include "util/zero.h"
 #include "util/log.h"
-#include "util/size.h"
 
 /* An NBD server that went away, said in words a user can act on: errno's
  * own text for ESHUTDOWN ("Cannot send after transport endpoint
@@ -148,55 +147,6 @@ eng_ctl_done(struct ep_op *op)
   else
     e->done_head = op;
   e->done_tail = op;
-}
-
-/* ---- ordered hashing ---- */
-
-static void
-eng_chunk_feed(struct engine *e, const uint8_t *p, uint64_t len)
-{
-  struct copy_chunks *ch = e->o->chunks;
-  while (len > 0) {
-    if (e->chunk_fill == 0 && p == NULL && len >= COPY_CHUNK) {
-      if (ch->n < ch->cap)
-        ch->d[ch->n++] = e->zero_chunk_digest; /* whole zero chunk */
-      len -= COPY_CHUNK;
-      continue;
-    }
-    uint64_t n = eng_min(len, COPY_CHUNK - e->chunk_fill);
-    if (p) {
-      XXH3_64bits_update(e->chunk_state, p, (size_t)n);
-      p += n;
-    } else {
-      static const uint8_t z[64 << 10];
-      for (uint64_t k = 0; k < n; k += sizeof z)
-        XXH3_64bits_update(e->chunk_state, z, (size_t)eng_min(sizeof z, n - k));
-    }
-    e->chunk_fill += n;
-    len -= n;
-    if (e->chunk_fill == COPY_CHUNK) {
-      if (ch->n < ch->cap)
-        ch->d[ch->n++] = XXH3_64bits_digest(e->chunk_state);
-      XXH3_64bits_reset(e->chunk_state);
-      e->chunk_fill = 0;
-    }
-  }
-}
-
-static void
-eng_hash_piece(struct engine *e, struct cop *c)
-{
-  const uint8_t *p = c->buf;
-  if (e->o->hash) {
-    if (p)
-      hash_update(e->o->hash, p, (size_t)c->length);
-    else
-      hash_update_zeros(e->o->hash, c->length);
-  }
-  if (e->o->chunks)
-    eng_chunk_feed(e, p, c->length);
-  e->hash_pos += c->length;
-  c->hashed = true;
 }
 
 /* ---- writing and completion ---- */
@@ -432,109 +382,6 @@ eng_flush_done(struct engine *e)
              e->flush_op.errmsg);
 }
 
-/* ---- checkpoints ---- */
-
-/* Worker: the checkpoint callback, then back to the loop. */
-static void
-eng_ckpt_work(struct work *w)
-{
-  struct ep_op *op = (struct ep_op *)((char *)w - offsetof(struct ep_op,
-                                                          work));
-  struct engine *e = op->arg;
-  int r = e->o->checkpoint(e->o->checkpoint_arg, e->ckpt_below, op->errmsg,
-                           sizeof op->errmsg);
-  op->err = r < 0 ? -r : 0;
-  ep_env_complete(e->env, op);
-}
-
-/* Hands ckpt_below to the callback on a worker. */
-static void
-eng_ckpt_commit(struct engine *e)
-{
-  e->ckpt_op = (struct ep_op){ .done = eng_ctl_done, .arg = e,
-                               .ep = e->dst };
-  e->ckpt_op.work.fn = eng_ckpt_work;
-  e->ckpt_busy = e->ckpt_committing = true;
-  workq_push(e->env->wq, &e->ckpt_op.work);
-}
-
-static void
-eng_ckpt_done(struct engine *e)
-{
-  struct ep_op *op = &e->ckpt_op;
-  bool commit = e->ckpt_committing;
-  e->ckpt_busy = e->ckpt_committing = false;
-  if (op->err && !commit) {
-    eng_fail(e, "flush of", e->dst, 0, e->size, op->err, op->errmsg);
-    return;
-  }
-  if (op->err && !e->failed) {
-    /* Not eng_fail: the callback's sentence says it all. */
-    e->failed = op->err;
-    snprintf(e->err, e->errlen, "%s", op->errmsg);
-  }
-  if (op->err)
-    return;
-  if (commit)
-    e->ckpt_committed = e->ckpt_below;
-  else if (!e->failed)
-    eng_ckpt_commit(e); /* flushed: now it may be recorded */
-}
-
-/* Below this offset every byte has landed: the lowest piece still in
- * flight, or the planner's position. Rounded down to COPY_CHUNK, so
- * that a resumed --verify joins its digests. */
-static uint64_t
-eng_low_water(const struct engine *e)
-{
-  uint64_t w = e->pos;
-  for (size_t i = 0; i < e->cops_used; i++) {
-    const struct cop *c = &e->cops[i];
-    if (c->state != COP_FREE && c->offset < w)
-      w = c->offset;
-  }
-  if (e->size != UINT64_MAX && w >= e->size)
-    return e->size;
-  return w / COPY_CHUNK * COPY_CHUNK;
-}
-
-/* Starts a checkpoint for `below`: a FLUSH of the destination (where it
- * has one), and the commit once that succeeded, so that a journal never
- * names a byte that a crash of the server could still lose. */
-static void
-eng_ckpt_start(struct engine *e, uint64_t below)
-{
-  e->ckpt_below = below;
-  e->t_ckpt_us = loop_now_us();
-  if (!e->dst->can_flush) {
-    eng_ckpt_commit(e);
-    return;
-  }
-  e->ckpt_op = (struct ep_op){ .type = EP_FLUSH, .done = eng_ctl_done,
-                               .arg = e };
-  e->ckpt_busy = true;
-  int r = endpoint_submit(e->dst, &e->ckpt_op);
-  if (r < 0) {
-    e->ckpt_busy = false;
-    eng_fail(e, "flush of", e->dst, 0, e->size, -r, e->ckpt_op.errmsg);
-  }
-}
-
-/* About every checkpoint_us while the copy runs. */
-static void
-eng_checkpoint(struct engine *e)
-{
-  uint64_t now = loop_now_us();
-  if (e->o->checkpoint == NULL || e->dst == NULL || e->failed ||
-      e->abandoned || e->finished || e->ckpt_busy || e->flushing ||
-      now - e->t_last_ckpt_us < e->o->checkpoint_us)
-    return;
-  e->t_last_ckpt_us = now;
-  uint64_t below = eng_low_water(e);
-  if (below > e->ckpt_committed)
-    eng_ckpt_start(e, below);
-}
-
 static void
 eng_handle(struct engine *e, struct ep_op *op)
 {
@@ -701,8 +548,6 @@ eng_issue_one(struct engine *e)
   }
   return true;
 }
-
-/* ---- progress ---- */
 
 /* ---- driving ---- */
 
@@ -996,14 +841,6 @@ eng_teardown(struct engine *e)
     XXH3_freeState(e->chunk_state);
 }
 
-static void
-eng_finish_chunks(struct engine *e)
-{
-  struct copy_chunks *ch = e->o->chunks;
-  if (ch && e->chunk_fill > 0 && ch->n < ch->cap)
-    ch->d[ch->n++] = XXH3_64bits_digest(e->chunk_state);
-}
-
 int
 copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
          const struct copy_opts *o, struct copy_stats *st, char *err,
@@ -1110,12 +947,4 @@ copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
   eng_teardown(e);
   free(e);
   return r;
-}
-
-void
-copy_chunks_free(struct copy_chunks *c)
-{
-  free(c->d);
-  c->d = NULL;
-  c->n = c->cap = 0;
 }

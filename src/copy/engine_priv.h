@@ -211,4 +211,22 @@ void eng_adapt(struct engine *e);
  * the copy with ETIMEDOUT and abandons the run. */
 void eng_watchdog(struct engine *e);
 
+/* checkpoint.c */
+
+/* Hands ckpt_below to copy_opts.checkpoint on a worker. */
+void eng_ckpt_commit(struct engine *e);
+/* ckpt_op completed: the FLUSH (then the commit starts) or the commit. */
+void eng_ckpt_done(struct engine *e);
+/* About every checkpoint_us while the copy runs: starts a checkpoint
+ * when more has landed than was last recorded. */
+void eng_checkpoint(struct engine *e);
+
+/* digest.c */
+
+/* Piece c passes the gate: its bytes (c->buf, or zeroes) join the
+ * digests. */
+void eng_hash_piece(struct engine *e, struct cop *c);
+/* At the end of the run: the last, partial chunk's digest. */
+void eng_finish_chunks(struct engine *e);
+
 #endif
