@@ -172,6 +172,19 @@ nbd_error_retryable(const struct nbd_priv *p, const struct nbd_slot *s,
   return op->err_tries < p->retry_max;
 }
 
+/* Appends op to the list from *head to *tail, chained by next_parked
+ * (the lists of ops held for --retry and --retry-errors). */
+static void
+nbd_list_append(struct ep_op **head, struct ep_op **tail, struct ep_op *op)
+{
+  op->next_parked = NULL;
+  if (*tail)
+    (*tail)->next_parked = op;
+  else
+    *head = op;
+  *tail = op;
+}
+
 /* Holds op (its reply was err) until the tick after its wait, saying so. */
 static void
 nbd_hold_error(struct endpoint *e, struct ep_op *op, int err,
@@ -189,12 +202,7 @@ nbd_hold_error(struct endpoint *e, struct ep_op *op, int err,
            (double)(at - loop_now_us()) / 1e6, op->err_tries, p->retry_max);
   if (at > p->again_at_us)
     p->again_at_us = at;
-  op->next_parked = NULL;
-  if (p->again_tail)
-    p->again_tail->next_parked = op;
-  else
-    p->again = op;
-  p->again_tail = op;
+  nbd_list_append(&p->again, &p->again_tail, op);
 }
 
 /* Holds op until the endpoint has reconnected. A WRITE whose payload had
@@ -205,12 +213,7 @@ nbd_park(struct endpoint *e, struct ep_op *op)
   struct nbd_priv *p = e->priv;
   if (op->type == EP_WRITE && op->req.sent)
     e->resent_bytes += op->length;
-  op->next_parked = NULL;
-  if (p->parked_tail)
-    p->parked_tail->next_parked = op;
-  else
-    p->parked = op;
-  p->parked_tail = op;
+  nbd_list_append(&p->parked, &p->parked_tail, op);
 }
 
 /* Reads a source's sample: up to 3 pieces of ENDPOINT_SAMPLE_LEN at its
