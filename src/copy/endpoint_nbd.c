@@ -336,13 +336,16 @@ nbd_resend_failed(struct client_req *r, int neg_err)
   return -neg_err;
 }
 
+/* What nbd_zero_next did, when it did not fail (it returns -errno then). */
+enum nbd_zero_step { NBD_ZERO_OVER = 0, NBD_ZERO_RESENT = 1 };
+
 /* Zeroing longer than the maximum payload: the spec lets a server answer
  * EOVERFLOW or EINVAL (it may need a scratch buffer of that size), so
  * such a refusal is not a failure: the same range goes on in pieces of
  * the maximum payload, one after another, and later zeroing starts that
- * way. After a piece succeeds the next is sent. Returns 1 when a
- * request went out again for this op, 0 when the op is over, -errno when
- * the next piece could not be sent. */
+ * way. After a piece succeeds the next is sent. Returns NBD_ZERO_RESENT
+ * when a request went out again for this op, NBD_ZERO_OVER when the op
+ * is over, -errno when the next piece could not be sent. */
 static int
 nbd_zero_next(struct nbd_priv *p, struct nbd_slot *s, struct client_req *r,
               int err)
@@ -354,7 +357,7 @@ nbd_zero_next(struct nbd_priv *p, struct nbd_slot *s, struct client_req *r,
     cap -= cap % s->c.info.min_block;
   if (err == EOVERFLOW || err == EINVAL) {
     if (r->length <= cap || cap == 0)
-      return 0; /* refused for another reason */
+      return NBD_ZERO_OVER; /* refused for another reason */
     if (p->zero_cap == 0 || cap < p->zero_cap) {
       p->zero_cap = cap;
       log_info("%s: zeroing in pieces of %llu bytes (a longer one was "
@@ -362,7 +365,7 @@ nbd_zero_next(struct nbd_priv *p, struct nbd_slot *s, struct client_req *r,
                strerror(err));
     }
   } else if (err != 0 || r->offset + r->length >= end) {
-    return 0;
+    return NBD_ZERO_OVER;
   } else {
     r->offset += r->length;
   }
@@ -372,7 +375,7 @@ nbd_zero_next(struct nbd_priv *p, struct nbd_slot *s, struct client_req *r,
     r->length = p->zero_cap;
   int e2 = client_submit(&s->c, r);
   nbd_update_interest(s);
-  return e2 == 0 ? 1 : e2;
+  return e2 == 0 ? NBD_ZERO_RESENT : e2;
 }
 
 static void
@@ -401,7 +404,7 @@ nbd_req_done(struct client_req *r, int err)
   }
   if (op->type == EP_ZERO && !s->c.fatal) {
     int z = nbd_zero_next(p, s, r, err);
-    if (z > 0)
+    if (z == NBD_ZERO_RESENT)
       return;
     if (z < 0)
       err = nbd_resend_failed(r, z);
