@@ -1,18 +1,18 @@
 /* endpoint_nbd.c: an NBD export as a copy endpoint, over one or more
  * client connections driven by the event loop. READ replies land directly
- * in the op's buffer; WRITE payloads go out from it. */
-#include "copy/endpoint.h"
+ * in the op's buffer; WRITE payloads go out from it. Reconnecting
+ * (--retry) and sending error replies again (--retry-errors) are in
+ * endpoint_nbd_retry.c. */
+#include "copy/endpoint_nbd_priv.h"
 
 #include <errno.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
-#include <xxhash.h>
 
 #include "net/loop.h"
 #include "net/sock.h"
@@ -20,74 +20,6 @@
 #include "proto/nbd.h"
 #include "util/log.h"
 #include "util/uri.h"
-
-#define NBD_STATUS_BATCH 1024
-
-struct nbd_connect_job;
-
-struct nbd_slot {
-  struct client_conn c;
-  struct endpoint *e;
-  bool live;       /* connected and in the loop: only then is c ours */
-  bool registered;
-  bool want_out; /* EPOLLOUT currently requested */
-  bool tcp;
-  struct tcpinfo_stats ti; /* sampled on the loop thread */
-};
-
-struct nbd_priv {
-  struct nbd_uri uri;
-  struct client_opts co;  /* read by connecting threads */
-  struct tls_creds *tls; /* co.tls_creds: every connection's */
-  struct ep_http *http;  /* an http(s) URL's PUT and TLS, owned; or NULL */
-  unsigned n;             /* slots allocated (the most connections) */
-  unsigned started;       /* slots in use: the first, plus jobs started */
-  struct nbd_slot *slots;
-  struct nbd_connect_job *jobs; /* one per slot; [0] unused */
-  unsigned connecting;    /* jobs not yet joined */
-  uint64_t conn_bytes;    /* in flight one connection can carry; 0 when
-                             the count is fixed */
-  bool closing;           /* late failures are no news any more */
-  bool no_fast_zero;      /* FAST_ZERO was refused once: stop trying */
-  uint64_t zero_cap;      /* largest WRITE_ZEROES once one longer than
-                             the maximum payload was refused; 0: none */
-  struct client_extent status[NBD_STATUS_BATCH]; /* the one EXTENTS op */
-  uint64_t status_span;   /* longest BLOCK_STATUS to ask for now (0: not
-                             yet set; see client_status_span) */
-  struct client_req *flush_reqs; /* one per connection */
-  struct ep_op *flush_op;
-  unsigned flush_pending;
-  int flush_err;
-  bool flush_lost;        /* a connection died under it (--retry) */
-
-  /* --retry. A connection lost to its transport parks the ops it carried
-   * (and every op submitted meanwhile) on `parked`; the next tick drops
-   * every connection, and reconnection attempts run on jobs[0], the
-   * first after retry_delay_ms, each next one after twice the wait.
-   * Once slot 0 is back (same export, same sample), the parked ops go
-   * out again and the other connections are started anew. */
-  unsigned retry_max;     /* attempts in a row without a reply; 0: off */
-  unsigned retry_delay_ms;
-  unsigned attempts;      /* made since the last reply */
-  bool reconnecting;
-  bool drop_pending;      /* the connections are still to be dropped */
-  bool gave_up;           /* no more attempts: failures are final */
-  uint64_t retry_at_us;   /* when the next attempt starts */
-  struct ep_op *parked, *parked_tail; /* owned by the engine, held here */
-  bool flush_parked;      /* flush_op waits among them */
-  unsigned first_conns;   /* connections to start at once (at open) */
-  bool auto_conns;        /* the count is ours (no --connections) */
-  int lost_err;           /* why the last connection was lost */
-  char lost_msg[256];
-  /* --retry-errors: ops whose error reply is worth another try, held
-   * until again_at_us (the latest wait any of them asked for). */
-  bool retry_errors;
-  struct ep_op *again, *again_tail; /* owned by the engine, held here */
-  uint64_t again_at_us;
-  struct client_info info0; /* the export as first seen (scalars only) */
-  bool sampled;           /* sample_digest holds the source's sample */
-  uint64_t sample_digest;
-};
 
 static void
 nbd_update_interest(struct nbd_slot *s)
@@ -134,147 +66,6 @@ nbd_copy_msg(struct ep_op *op, const struct client_req *r,
     snprintf(op->errmsg, sizeof op->errmsg, "%s", r->errmsg);
   else if (c->fatal && c->errmsg[0])
     nbd_conn_msg(op, c);
-}
-
-/* ---- --retry ---- */
-
-static void nbd_lost(struct endpoint *e, int err, const char *why);
-
-/* A failure that a new connection may undo: the connection died of its
- * transport (reset, EOF, TLS, a timeout), or the server said it is
- * shutting down. An error reply (EIO, ENOSPC) is not one. */
-static bool
-nbd_retryable(const struct nbd_priv *p, const struct client_conn *c, int err)
-{
-  if (p->retry_max == 0 || p->gave_up || p->closing || err == 0)
-    return false;
-  return (c->fatal && c->lost) || err == ESHUTDOWN;
-}
-
-static uint64_t nbd_retry_wait_us(const struct nbd_priv *p, unsigned n);
-struct nbd_connect_job;
-static bool nbd_job_sleep(struct nbd_connect_job *j, uint64_t us);
-
-/* --retry-errors: an error reply that the server's storage may get over
- * (a path failing over, space freed), to a request that changes nothing
- * when sent again; never one that says the request itself is wrong. Each
- * op gets as many tries as --retry allows reconnections. */
-static bool
-nbd_error_retryable(const struct nbd_priv *p, const struct nbd_slot *s,
-                    const struct ep_op *op, int err)
-{
-  if (!p->retry_errors || p->gave_up || p->closing || s->c.fatal)
-    return false;
-  if (err != EIO && err != ENOMEM && err != ENOSPC)
-    return false;
-  if (op->type != EP_READ && op->type != EP_WRITE && op->type != EP_ZERO)
-    return false;
-  return op->err_tries < p->retry_max;
-}
-
-/* Appends op to the list from *head to *tail, chained by next_parked
- * (the lists of ops held for --retry and --retry-errors). */
-static void
-nbd_list_append(struct ep_op **head, struct ep_op **tail, struct ep_op *op)
-{
-  op->next_parked = NULL;
-  if (*tail)
-    (*tail)->next_parked = op;
-  else
-    *head = op;
-  *tail = op;
-}
-
-/* Holds op (its reply was err) until the tick after its wait, saying so. */
-static void
-nbd_hold_error(struct endpoint *e, struct ep_op *op, int err,
-               const char *msg)
-{
-  struct nbd_priv *p = e->priv;
-  op->err_tries++;
-  uint64_t at = loop_now_us() + nbd_retry_wait_us(p, op->err_tries);
-  log_warn("%s: %s at offset %llu length %llu failed: %s; sending it again "
-           "in %.1f s (try %u of %u, --retry-errors)", e->name,
-           op->type == EP_READ ? "read" : op->type == EP_WRITE ? "write"
-                                                                 : "zeroing",
-           (unsigned long long)op->offset, (unsigned long long)op->length,
-           msg && msg[0] ? msg : strerror(err),
-           (double)(at - loop_now_us()) / 1e6, op->err_tries, p->retry_max);
-  if (at > p->again_at_us)
-    p->again_at_us = at;
-  nbd_list_append(&p->again, &p->again_tail, op);
-}
-
-/* Holds op until the endpoint has reconnected. A WRITE whose payload had
- * left counts as sent twice once it goes again. */
-static void
-nbd_park(struct endpoint *e, struct ep_op *op)
-{
-  struct nbd_priv *p = e->priv;
-  if (op->type == EP_WRITE && op->req.sent)
-    e->resent_bytes += op->length;
-  nbd_list_append(&p->parked, &p->parked_tail, op);
-}
-
-/* Reads a source's sample: up to 3 pieces of ENDPOINT_SAMPLE_LEN at its
- * start, middle and end, on whole minimum blocks, hashed together.
- * Blocking: on slot 0 before it joins the loop, or on the thread of a
- * reconnection. Returns 0, or -errno with c->errmsg set. */
-static int
-nbd_read_sample(const struct nbd_priv *p, struct nbd_connect_job *j,
-                struct client_conn *c, uint64_t *digest)
-{
-  const struct client_info *in = &c->info;
-  uint64_t mb = in->min_block > 1 ? in->min_block : 1;
-  uint64_t len = ENDPOINT_SAMPLE_LEN;
-  if (len > in->max_block)
-    len = in->max_block;
-  if (len > in->size)
-    len = in->size;
-  len = len / mb * mb;
-  *digest = 0;
-  if (len == 0)
-    return 0;
-  uint64_t offs[3] = { 0, in->size / 2 / mb * mb,
-                       (in->size - len) / mb * mb };
-  uint8_t *buf = malloc(len);
-  XXH3_state_t *st = XXH3_createState();
-  int r = buf && st ? 0 : -ENOMEM;
-  if (st)
-    XXH3_64bits_reset(st);
-  for (int i = 0; r == 0 && i < 3; i++) {
-    if (offs[i] + len > in->size)
-      offs[i] = (in->size - len) / mb * mb;
-    /* --retry-errors covers these reads as it does the copy's, within
-     * the handshake's limit for all the waits (30 s when there is none),
-     * and a close cancels the wait. */
-    uint64_t waited = 0, limit = p->co.timeout_ms >= 0
-                                     ? (uint64_t)p->co.timeout_ms * 1000
-                                     : 30000000;
-    for (unsigned t = 0;; t++) {
-      struct client_req q = { .type = NBD_CMD_READ, .offset = offs[i],
-                              .length = len, .buf = buf };
-      r = client_run(c, &q, p->co.timeout_ms);
-      uint64_t us = nbd_retry_wait_us(p, t + 1);
-      if (!(p->retry_errors && t < p->retry_max && !c->fatal &&
-            (r == -EIO || r == -ENOMEM || r == -ENOSPC)) ||
-          waited + us > limit || !nbd_job_sleep(j, us))
-        break;
-      waited += us;
-      c->errmsg[0] = '\0';
-    }
-    if (r < 0 && c->errmsg[0] == '\0')
-      snprintf(c->errmsg, sizeof c->errmsg, "reading a sample at offset "
-               "%llu: %s", (unsigned long long)offs[i], strerror(-r));
-    if (r == 0)
-      XXH3_64bits_update(st, buf, (size_t)len);
-  }
-  if (r == 0)
-    *digest = XXH3_64bits_digest(st);
-  if (st)
-    XXH3_freeState(st);
-  free(buf);
-  return r;
 }
 
 static void
@@ -384,9 +175,9 @@ nbd_req_done(struct client_req *r, int err)
   struct ep_op *op = (struct ep_op *)((char *)r - offsetof(struct ep_op, req));
   struct nbd_slot *s = r->arg;
   struct nbd_priv *p = s->e->priv;
-  if (nbd_retryable(p, &s->c, err)) {
-    nbd_park(s->e, op);
-    nbd_lost(s->e, err, s->c.fatal ? s->c.errmsg : r->errmsg);
+  if (ep_nbd_retryable(p, &s->c, err)) {
+    ep_nbd_park(s->e, op);
+    ep_nbd_lost(s->e, err, s->c.fatal ? s->c.errmsg : r->errmsg);
     return;
   }
   if (!s->c.fatal)
@@ -409,8 +200,8 @@ nbd_req_done(struct client_req *r, int err)
     if (z < 0)
       err = nbd_resend_failed(r, z);
   }
-  if (err && nbd_error_retryable(p, s, op, err)) {
-    nbd_hold_error(s->e, op, err, r->errmsg);
+  if (err && ep_nbd_error_retryable(p, s, op, err)) {
+    ep_nbd_hold_error(s->e, op, err, r->errmsg);
     return;
   }
   op->err = err;
@@ -433,9 +224,9 @@ nbd_flush_done(struct client_req *r, int err)
 {
   struct nbd_slot *s = r->arg;
   struct nbd_priv *p = s->e->priv;
-  if (nbd_retryable(p, &s->c, err)) {
+  if (ep_nbd_retryable(p, &s->c, err)) {
     p->flush_lost = true; /* flushed again once reconnected */
-    nbd_lost(s->e, err, s->c.fatal ? s->c.errmsg : r->errmsg);
+    ep_nbd_lost(s->e, err, s->c.fatal ? s->c.errmsg : r->errmsg);
   } else if (err && !p->flush_err) {
     p->flush_err = err;
     nbd_copy_msg(p->flush_op, r, &s->c);
@@ -456,8 +247,8 @@ nbd_flush_done(struct client_req *r, int err)
 
 /* FLUSH goes to every live connection: without multi-conn a flush covers
  * only its own connection's writes. */
-static int
-nbd_submit_flush(struct endpoint *e, struct ep_op *op)
+int
+ep_nbd_submit_flush(struct endpoint *e, struct ep_op *op)
 {
   struct nbd_priv *p = e->priv;
   if (p->flush_op)
@@ -478,9 +269,9 @@ nbd_submit_flush(struct endpoint *e, struct ep_op *op)
     if (!s->live)
       continue; /* still connecting: it carried no writes */
     if (s->c.fatal) {
-      if (nbd_retryable(p, &s->c, s->c.fatal)) {
+      if (ep_nbd_retryable(p, &s->c, s->c.fatal)) {
         p->flush_lost = true;
-        nbd_lost(e, s->c.fatal, s->c.errmsg);
+        ep_nbd_lost(e, s->c.fatal, s->c.errmsg);
       } else if (!p->flush_err) {
         p->flush_err = s->c.fatal; /* with the connection's reason */
         nbd_conn_msg(op, &s->c);
@@ -513,9 +304,9 @@ static int
 nbd_fail_dead(struct endpoint *e, struct ep_op *op, const struct client_conn *c)
 {
   struct nbd_priv *p = e->priv;
-  if (nbd_retryable(p, c, c->fatal)) {
-    nbd_park(e, op);
-    nbd_lost(e, c->fatal, c->errmsg);
+  if (ep_nbd_retryable(p, c, c->fatal)) {
+    ep_nbd_park(e, op);
+    ep_nbd_lost(e, c->fatal, c->errmsg);
     return 0;
   }
   if (p->gave_up) {
@@ -529,15 +320,15 @@ nbd_fail_dead(struct endpoint *e, struct ep_op *op, const struct client_conn *c)
   return 0;
 }
 
-static int
-nbd_submit(struct endpoint *e, struct ep_op *op)
+int
+ep_nbd_submit(struct endpoint *e, struct ep_op *op)
 {
   struct nbd_priv *p = e->priv;
   if (op->type == EP_FLUSH)
-    return nbd_submit_flush(e, op);
+    return ep_nbd_submit_flush(e, op);
   if (p->reconnecting) {
     op->req = (struct client_req){ 0 };
-    nbd_park(e, op); /* goes out once the server is back */
+    ep_nbd_park(e, op); /* goes out once the server is back */
     return 0;
   }
   struct nbd_slot *s = nbd_pick(e);
@@ -588,13 +379,11 @@ nbd_submit(struct endpoint *e, struct ep_op *op)
   return err;
 }
 
-static void nbd_join_all(struct endpoint *e);
-
 static void
 nbd_close(struct endpoint *e)
 {
   struct nbd_priv *p = e->priv;
-  nbd_join_all(e); /* a short copy can end before every handshake did */
+  ep_nbd_join_all(e); /* a short copy can end before every handshake did */
   for (unsigned i = 0; p->slots && i < p->n; i++) {
     struct nbd_slot *s = &p->slots[i];
     if (s->registered)
@@ -700,8 +489,6 @@ nbd_tcp_json_each(struct endpoint *e, char *buf, size_t len)
   return n ? 0 : -1;
 }
 
-static void nbd_start_jobs(struct endpoint *e, unsigned upto);
-
 /* Starts connections until each carries at most conn_bytes of the
  * window: past that, the window waits in our queues instead of on the
  * wire. Only with the automatic count over TCP (conn_bytes set). */
@@ -718,52 +505,26 @@ nbd_fit_window(struct endpoint *e, uint64_t bytes)
   log_debug("%s: window of %llu KiB, %llu KiB per connection: "
             "%u connections", e->name, (unsigned long long)(bytes >> 10),
             (unsigned long long)(p->conn_bytes >> 10), upto);
-  nbd_start_jobs(e, upto);
+  ep_nbd_start_jobs(e, upto);
 }
-
-static void nbd_tick(struct endpoint *e);
-static int nbd_lost_op(struct endpoint *e, const char *why);
 
 static const struct endpoint_ops nbd_ops = {
   .kind = "nbd",
-  .submit = nbd_submit,
+  .submit = ep_nbd_submit,
   .close = nbd_close,
   .sample_rtt = nbd_sample_rtt,
   .tcp_json = nbd_tcp_json,
   .tcp_json_each = nbd_tcp_json_each,
   .sample_tcp = nbd_sample_tcp,
   .fit_window = nbd_fit_window,
-  .tick = nbd_tick,
-  .lost = nbd_lost_op,
-};
-
-/* The connections after the first connect on threads of their own while
- * the copy already runs on the first: on a 50 ms link each handshake
- * costs 3 round trips, 150 ms that the first connection now spends
- * sending. The loop thread joins a finished connection the next time it
- * picks one for a request; a connection that fails to join is dropped
- * with a warning, and the copy goes on with the others. */
-struct nbd_connect_job {
-  struct nbd_slot *s;
-  struct nbd_priv *p;
-  struct client_opts co; /* p->co, plus this job's socket hook */
-  int r;
-  bool sample;       /* reconnecting a source: read its sample too */
-  uint64_t digest;   /* the sample's digest, when sample and r == 0 */
-  pthread_t thread;
-  bool started;      /* thread created, not yet joined */
-  atomic_bool done;  /* set by the thread as its last act */
-  /* The socket while its handshake runs, else -1: close shuts it down to
-   * abandon a handshake that a silent server would hold for 30 s. */
-  pthread_mutex_t lock;
-  int fd;
-  bool cancel; /* close came: shut down any socket published from now */
+  .tick = ep_nbd_tick,
+  .lost = ep_nbd_lost_op,
 };
 
 /* Sleeps us in steps of 50 ms on a connect job's thread (or the opening
  * one, j NULL); false, at once, when the job is cancelled. */
-static bool
-nbd_job_sleep(struct nbd_connect_job *j, uint64_t us)
+bool
+ep_nbd_job_sleep(struct nbd_connect_job *j, uint64_t us)
 {
   while (us > 0) {
     if (j) {
@@ -799,7 +560,7 @@ nbd_connect_thread(void *arg)
   struct nbd_connect_job *j = arg;
   j->r = client_connect(&j->s->c, &j->p->uri, &j->co);
   if (j->r == 0 && j->sample)
-    j->r = nbd_read_sample(j->p, j, &j->s->c, &j->digest);
+    j->r = ep_nbd_read_sample(j->p, j, &j->s->c, &j->digest);
   atomic_store_explicit(&j->done, true, memory_order_release);
   if (j->sample) /* a reconnection: the loop may be waiting in epoll */
     loop_wake(j->s->e->env->loop);
@@ -807,8 +568,8 @@ nbd_connect_thread(void *arg)
 }
 
 /* Loop thread: puts a connected slot into the loop. */
-static int
-nbd_register(struct endpoint *e, struct nbd_slot *s)
+int
+ep_nbd_register(struct endpoint *e, struct nbd_slot *s)
 {
   int r = loop_add(e->env->loop, s->c.fd, EPOLLIN, nbd_on_fd, s);
   if (r < 0)
@@ -843,7 +604,7 @@ nbd_join_one(struct endpoint *e, unsigned i)
              "export differently than to the first connection");
     r = -EPROTO;
   }
-  if (r == 0 && (r = nbd_register(e, s)) < 0)
+  if (r == 0 && (r = ep_nbd_register(e, s)) < 0)
     snprintf(s->c.errmsg, sizeof s->c.errmsg, "event loop: %s",
              strerror(-r));
   if (r == 0) {
@@ -878,8 +639,8 @@ nbd_join_ready(struct endpoint *e)
 /* At close: abandons the connects and handshakes still running (their
  * sockets are shut down, so they end within 10 ms) and joins every
  * thread. */
-static void
-nbd_join_all(struct endpoint *e)
+void
+ep_nbd_join_all(struct endpoint *e)
 {
   struct nbd_priv *p = e->priv;
   p->closing = true;
@@ -904,8 +665,8 @@ nbd_join_all(struct endpoint *e)
 
 /* Loop thread: starts a thread that connects slot i (and, with sample,
  * reads the source's sample). False when no thread could be made. */
-static bool
-nbd_job_start(struct endpoint *e, unsigned i, bool sample)
+bool
+ep_nbd_job_start(struct endpoint *e, unsigned i, bool sample)
 {
   struct nbd_priv *p = e->priv;
   struct nbd_connect_job *j = &p->jobs[i];
@@ -930,14 +691,14 @@ nbd_job_start(struct endpoint *e, unsigned i, bool sample)
 }
 
 /* Loop thread: starts the connect jobs of slots started .. upto-1. */
-static void
-nbd_start_jobs(struct endpoint *e, unsigned upto)
+void
+ep_nbd_start_jobs(struct endpoint *e, unsigned upto)
 {
   struct nbd_priv *p = e->priv;
   if (upto > p->n)
     upto = p->n;
   for (unsigned i = p->started; i < upto; i++) {
-    if (nbd_job_start(e, i, false)) {
+    if (ep_nbd_job_start(e, i, false)) {
       p->connecting++;
     } else {
       log_warn("%s: no thread for connection %u of %u, going on without it",
@@ -946,306 +707,6 @@ nbd_start_jobs(struct endpoint *e, unsigned upto)
   }
   if (upto > p->started)
     p->started = upto;
-}
-
-/* ---- --retry: reconnecting ---- */
-
-/* The wait before attempt n (1, 2, ...): the delay, doubled for each
- * attempt after the first, ENDPOINT_RETRY_MAX_DELAY_MS at most. */
-static uint64_t
-nbd_retry_wait_us(const struct nbd_priv *p, unsigned n)
-{
-  uint64_t ms = p->retry_delay_ms;
-  for (unsigned k = 1; k < n && ms < ENDPOINT_RETRY_MAX_DELAY_MS; k++)
-    ms *= 2;
-  if (ms > ENDPOINT_RETRY_MAX_DELAY_MS)
-    ms = ENDPOINT_RETRY_MAX_DELAY_MS;
-  return ms * 1000;
-}
-
-/* No more attempts: every parked op fails with the loss that started
- * them, and later losses fail as without --retry. */
-static void
-nbd_give_up(struct endpoint *e, const char *fmt, ...)
-  __attribute__((format(printf, 2, 3)));
-static void
-nbd_give_up(struct endpoint *e, const char *fmt, ...)
-{
-  struct nbd_priv *p = e->priv;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(p->lost_msg, sizeof p->lost_msg, fmt, ap);
-  va_end(ap);
-  p->gave_up = true;
-  p->reconnecting = false;
-  struct ep_op *op = p->parked;
-  p->parked = p->parked_tail = NULL;
-  while (op) {
-    struct ep_op *next = op->next_parked;
-    op->err = p->lost_err;
-    snprintf(op->errmsg, sizeof op->errmsg, "%s", p->lost_msg);
-    ep_env_complete(e->env, op);
-    op = next;
-  }
-  if (p->flush_parked) {
-    p->flush_parked = false;
-    op = p->flush_op;
-    p->flush_op = NULL;
-    op->err = p->lost_err;
-    snprintf(op->errmsg, sizeof op->errmsg, "%s", p->lost_msg);
-    ep_env_complete(e->env, op);
-  }
-}
-
-/* A connection was lost (err, why): the ops it carried are parked. The
- * first loss of an outage schedules the reconnection; the connections
- * are dropped at the next tick, not here, since this runs inside a
- * connection's own callbacks. */
-static void
-nbd_lost(struct endpoint *e, int err, const char *why)
-{
-  struct nbd_priv *p = e->priv;
-  if (p->reconnecting || p->gave_up)
-    return;
-  p->lost_err = err;
-  snprintf(p->lost_msg, sizeof p->lost_msg, "%s", why && why[0] ? why
-                                                    : strerror(err));
-  p->reconnecting = true;
-  p->drop_pending = true;
-  if (p->attempts >= p->retry_max) {
-    /* Reconnected, but lost again before any reply: the budget is
-     * spent. Failed from the tick, after the drop. */
-    p->retry_at_us = 0;
-  } else {
-    uint64_t wait = nbd_retry_wait_us(p, p->attempts + 1);
-    p->retry_at_us = loop_now_us() + wait;
-    log_warn("%s: connection lost (%s: %s); reconnecting in %.1f s "
-             "(attempt %u of %u)", e->name, strerror(err), p->lost_msg,
-             (double)wait / 1e6, p->attempts + 1, p->retry_max);
-  }
-  loop_wake(e->env->loop);
-}
-
-/* Loop thread: closes every connection. Requests still in flight on
- * them are called back (and parked); connects still running are
- * abandoned. */
-static void
-nbd_drop_all(struct endpoint *e)
-{
-  struct nbd_priv *p = e->priv;
-  p->closing = true; /* quiet: joined connections are dropped at once */
-  nbd_join_all(e);
-  p->closing = false;
-  for (unsigned i = 0; i < p->started; i++) {
-    struct nbd_slot *s = &p->slots[i];
-    if (s->live && !s->c.fatal)
-      client_abort(&s->c, p->lost_err, "dropped to reconnect");
-  }
-  for (unsigned i = 0; i < p->n; i++) {
-    struct nbd_slot *s = &p->slots[i];
-    if (s->registered)
-      loop_del(e->env->loop, s->c.fd);
-    client_close(&s->c);
-    s->registered = s->live = s->want_out = false;
-  }
-  p->started = 0;
-  p->connecting = 0;
-  e->connections = 0;
-}
-
-/* The reconnected slot 0 must show the same export: what the engine
- * planned with (size, block sizes, the commands it uses) and, for a
- * source, the same sample. Returns 0, or -1 with why. */
-static int
-nbd_same_export(struct endpoint *e, const struct client_info *b,
-                uint64_t digest, char *why, size_t len)
-{
-  struct nbd_priv *p = e->priv;
-  const struct client_info *a = &p->info0;
-  if (b->size != a->size)
-    snprintf(why, len, "its size is %llu bytes, was %llu",
-             (unsigned long long)b->size, (unsigned long long)a->size);
-  else if (b->min_block != a->min_block)
-    snprintf(why, len, "its minimum block size is %u, was %u",
-             b->min_block, a->min_block);
-  else if (b->max_block < e->max_request)
-    snprintf(why, len, "its maximum block size is %u, below the %llu "
-             "in use", b->max_block, (unsigned long long)e->max_request);
-  else if (e->writable && (b->tflags & NBD_FLAG_READ_ONLY) &&
-           !(a->tflags & NBD_FLAG_READ_ONLY))
-    snprintf(why, len, "it is read-only now");
-  else if ((e->can_zero && !(b->tflags & NBD_FLAG_SEND_WRITE_ZEROES)) ||
-           (e->can_flush && !(b->tflags & NBD_FLAG_SEND_FLUSH)) ||
-           (e->has_extents && !b->allocation))
-    snprintf(why, len, "it no longer offers a command in use (flags "
-             "0x%04x, were 0x%04x)", b->tflags, a->tflags);
-  else if (p->sampled && digest != p->sample_digest)
-    snprintf(why, len, "its content differs (a sample of its start, "
-             "middle and end)");
-  else
-    return 0;
-  return -1;
-}
-
-static void nbd_resubmit(struct endpoint *e);
-
-/* Loop thread: the reconnection job ended. */
-static void
-nbd_reconnect_done(struct endpoint *e)
-{
-  struct nbd_priv *p = e->priv;
-  struct nbd_connect_job *j = &p->jobs[0];
-  struct nbd_slot *s = &p->slots[0];
-  pthread_join(j->thread, NULL);
-  pthread_mutex_destroy(&j->lock);
-  j->started = false;
-  int r = j->r;
-  char why[200];
-  if (r == 0 && nbd_same_export(e, &s->c.info, j->digest, why,
-                                sizeof why) < 0) {
-    client_close(&s->c);
-    nbd_give_up(e, "after reconnecting: %s: not the same disk", why);
-    return;
-  }
-  if (r == 0 && (r = nbd_register(e, s)) < 0)
-    snprintf(s->c.errmsg, sizeof s->c.errmsg, "event loop: %s",
-             strerror(-r));
-  if (r < 0) {
-    char msg[256];
-    snprintf(msg, sizeof msg, "%s", s->c.errmsg[0] ? s->c.errmsg
-                                                   : strerror(-r));
-    client_close(&s->c);
-    if (p->attempts >= p->retry_max) {
-      nbd_give_up(e, "gave up after %u reconnection attempt%s (the last: "
-                  "%s)", p->attempts, p->attempts == 1 ? "" : "s", msg);
-      return;
-    }
-    uint64_t wait = nbd_retry_wait_us(p, p->attempts + 1);
-    p->retry_at_us = loop_now_us() + wait;
-    log_warn("%s: reconnection attempt %u of %u failed: %s; next in %.1f s",
-             e->name, p->attempts, p->retry_max, msg, (double)wait / 1e6);
-    return;
-  }
-  p->reconnecting = false;
-  p->started = 1;
-  e->connections = 1;
-  e->reconnects++;
-  /* The count is recomputed: the server may allow more or fewer now. */
-  unsigned first = p->first_conns;
-  if (p->auto_conns && !(s->c.info.tflags & NBD_FLAG_CAN_MULTI_CONN))
-    first = 1;
-  nbd_start_jobs(e, first);
-  nbd_resubmit(e);
-}
-
-/* Submits the ops chained by next_parked, in order; one refused at once
- * fails through its callback. */
-static void
-nbd_submit_list(struct endpoint *e, struct ep_op *op)
-{
-  while (op) {
-    struct ep_op *next = op->next_parked;
-    int rc = nbd_submit(e, op);
-    if (rc < 0) {
-      op->err = -rc;
-      ep_env_complete(e->env, op);
-    }
-    op = next;
-  }
-}
-
-/* Loop thread, once reconnected: sends the parked ops again, in the
- * order they were parked, and a parked FLUSH last. */
-static void
-nbd_resubmit(struct endpoint *e)
-{
-  struct nbd_priv *p = e->priv;
-  struct ep_op *op = p->parked;
-  p->parked = p->parked_tail = NULL;
-  unsigned n = 0;
-  for (struct ep_op *q = op; q; q = q->next_parked)
-    n++;
-  log_warn("%s: reconnected (attempt %u); sending %u request%s again",
-           e->name, p->attempts, n, n == 1 ? "" : "s");
-  nbd_submit_list(e, op);
-  if (p->flush_parked) {
-    p->flush_parked = false;
-    op = p->flush_op;
-    p->flush_op = NULL;
-    nbd_submit_flush(e, op);
-  }
-}
-
-/* --retry-errors: the held ops go out again (a reconnection that began
- * meanwhile parks them). */
-static void
-nbd_send_again(struct endpoint *e)
-{
-  struct nbd_priv *p = e->priv;
-  struct ep_op *op = p->again;
-  p->again = p->again_tail = NULL;
-  p->again_at_us = 0;
-  for (struct ep_op *q = op; q; q = q->next_parked)
-    if (q->type == EP_WRITE)
-      e->resent_bytes += q->length; /* its payload goes a second time */
-  nbd_submit_list(e, op);
-}
-
-/* Engine tick: drives a reconnection. While one runs, the engine's
- * watchdog is told the endpoint is answering: the attempts are bounded
- * on their own (the handshake limit each, --retry of them). */
-static void
-nbd_tick(struct endpoint *e)
-{
-  struct nbd_priv *p = e->priv;
-  uint64_t now = loop_now_us();
-  if (p->again) {
-    e->t_answer_us = now; /* held on purpose, not waiting for a reply */
-    if (!p->reconnecting && now >= p->again_at_us)
-      nbd_send_again(e);
-  }
-  if (!p->reconnecting)
-    return;
-  e->t_answer_us = now;
-  if (p->drop_pending) {
-    p->drop_pending = false;
-    nbd_drop_all(e);
-    if (!p->reconnecting)
-      return; /* the drop's callbacks ended it */
-  }
-  if (p->attempts >= p->retry_max && p->retry_at_us == 0) {
-    char was[256];
-    snprintf(was, sizeof was, "%s", p->lost_msg);
-    nbd_give_up(e, "lost again after %u reconnection%s, before any reply: "
-                "%s", p->attempts, p->attempts == 1 ? "" : "s", was);
-    return;
-  }
-  struct nbd_connect_job *j = &p->jobs[0];
-  if (j->started) {
-    if (atomic_load_explicit(&j->done, memory_order_acquire))
-      nbd_reconnect_done(e);
-    return;
-  }
-  if (now < p->retry_at_us)
-    return;
-  p->attempts++;
-  if (!nbd_job_start(e, 0, p->sampled)) {
-    nbd_give_up(e, "no thread to reconnect");
-    return;
-  }
-}
-
-/* The engine's watchdog: a silent server is a lost connection too. */
-static int
-nbd_lost_op(struct endpoint *e, const char *why)
-{
-  struct nbd_priv *p = e->priv;
-  if (p->retry_max == 0 || p->gave_up)
-    return -1;
-  if (p->reconnecting)
-    return 0;
-  nbd_lost(e, ETIMEDOUT, why);
-  return 0;
 }
 
 /* What one TCP connection can keep in flight: the sender's send buffer
@@ -1307,7 +768,7 @@ nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
   p->info0.exports = NULL;
   p->info0.nexports = 0;
   if (p->retry_max && !o->write) {
-    r = nbd_read_sample(p, NULL, &p->slots[0].c, &p->sample_digest);
+    r = ep_nbd_read_sample(p, NULL, &p->slots[0].c, &p->sample_digest);
     if (r < 0) {
       snprintf(err, errlen, "%s: %s", e->name, p->slots[0].c.errmsg);
       return r;
@@ -1336,7 +797,7 @@ nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
       p->conn_bytes = nbd_conn_bytes();
   }
   /* The slots never move again: threads and the loop hold pointers. */
-  if ((r = nbd_register(e, &p->slots[0])) < 0) {
+  if ((r = ep_nbd_register(e, &p->slots[0])) < 0) {
     snprintf(err, errlen, "%s: event loop: %s", e->name, strerror(-r));
     return r;
   }
@@ -1348,7 +809,7 @@ nbd_connect_all(struct endpoint *e, const struct endpoint_opts *o, char *err,
   p->started = 1;
   p->first_conns = first;
   p->auto_conns = o->connections == 0;
-  nbd_start_jobs(e, first);
+  ep_nbd_start_jobs(e, first);
   return 0;
 }
 
