@@ -42,8 +42,8 @@
  * otherwise faults in every page of every payload: glibc maps large
  * buffers afresh, or trims its heap under them, until it has freed one
  * buffer of a size that raises its thresholds (to that size, and twice it
- * for trimming) above the copy's own churn. Measured into a fresh
- * qemu-nbd: 528,000 faults per 2 GiB without, 5,500 with. */
+ * for trimming) above the copy's own churn (docs/copy.md, "Opening
+ * request", gives the page faults measured). */
 #define ENDPOINT_OPENING_REQUEST (UINT64_C(4) << 20)
 /* --retry: the longest wait between two reconnection attempts. */
 #define ENDPOINT_RETRY_MAX_DELAY_MS 60000

@@ -32,9 +32,9 @@
 #include "proto/http.h"
 
 #define CHUNKED_ZERO_PIECE (64u << 10)
-/* The send buffer a TCP stream asks for (the kernel doubles it). On the
- * emulated 1 Gbit/s link at 50 ms (bench/, section xapi): wmem_max's
- * 4 MiB gave 85% of the link, 8 MiB 91%, 16 MiB 96%. */
+/* The send buffer a TCP stream asks for (the kernel doubles it): room
+ * for the 6.25 MB that 1 Gbit/s holds in flight at 50 ms. bench/,
+ * section xapi, compares it with the 4 MiB used before. */
 #define CHUNKED_SNDBUF (16 << 20)
 
 static const uint8_t chunked_zeros[CHUNKED_ZERO_PIECE];
@@ -298,9 +298,9 @@ endpoint_open_chunked(struct ep_env *env, const char *spec,
   if (p->tcp) {
     /* One connection carries the whole stream, and a frame is done when
      * the socket takes it: the send buffer is the window. Autotuning
-     * stops at tcp_wmem's maximum (4 MiB here), under the 6.25 MB that
-     * 1 Gbit/s holds in flight at 50 ms, and SO_SNDBUF at wmem_max
-     * (also 4 MiB); the kernel counts each segment's overhead too.
+     * stops at tcp_wmem's maximum (Linux's default: 4 MiB), under the
+     * 6.25 MB that 1 Gbit/s holds in flight at 50 ms, and SO_SNDBUF at
+     * wmem_max; the kernel counts each segment's overhead too.
      * CHUNKED_SNDBUF where the process may (root, as xapi's sparse_dd
      * runs), else wmem_max. */
     int eff;

@@ -165,18 +165,15 @@ eng_fit_connections(struct engine *e, double bw, const uint32_t rtts[2])
 
 /* Window = 2 x bandwidth x RTT (smallest RTT the transport saw), at
  * least a floor of requests that keeps the servers busy, capped. Not
- * floor + 2 x BDP: on a long link that overfills the bottleneck's queue.
- * Measured over an emulated 1 Gbit/s, 50 ms link whose router buffers one
- * BDP (6.25 MB): a window of ~19 MiB (the sum) lost ~1200 segments per
- * connection and reached 80% of the link; 10-12 MiB (about 2 x BDP, the
- * max) lost none and reached 91-92%. A window-limited copy still grows:
- * its bandwidth is window / RTT, so the next window doubles.
- * It adapts every 4 RTTs (100 ms .. 1 s). Once a second, the same link
- * spent its first 3 s of a 512 MiB copy below a 4 MiB window, at 60-70%
- * of the link; now it reaches 2 x BDP within about a second. Doubling
- * outright while the window held pieces back grew no faster (TCP's own
- * start-up was the bound) and overshot into losses. A fixed window
- * (--inflight) stays as it is, but the connection count still follows. */
+ * floor + 2 x BDP: on a long link that overfills the bottleneck's queue
+ * (docs/copy.md, "Adaptive window", gives the losses measured). A
+ * window-limited copy still grows: its bandwidth is window / RTT, so the
+ * next window doubles.
+ * It adapts every 4 RTTs (100 ms .. 1 s): adapting once a second held a
+ * long link's first seconds below a small window. Doubling outright
+ * while the window held pieces back grew no faster (TCP's own start-up
+ * was the bound) and overshot into losses. A fixed window (--inflight)
+ * stays as it is, but the connection count still follows. */
 void
 eng_adapt(struct engine *e)
 {
@@ -192,7 +189,7 @@ eng_adapt(struct engine *e)
     return;
   }
   /* Completions arrive in bursts: over a few RTTs one period can see
-   * 15% more than the link carries, so the estimate is smoothed. */
+   * more than the link carries, so the estimate is smoothed. */
   double bw = (double)moved / dt;
   if (e->bw_est > 0)
     bw = (bw + e->bw_est) / 2;
