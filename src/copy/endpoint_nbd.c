@@ -637,8 +637,8 @@ nbd_join_ready(struct endpoint *e)
 }
 
 /* At close: abandons the connects and handshakes still running (their
- * sockets are shut down, so they end within 10 ms) and joins every
- * thread. */
+ * sockets are shut down, and a connect looks for that every 10 ms, a
+ * wait between reads of a sample every 50 ms) and joins every thread. */
 void
 ep_nbd_join_all(struct endpoint *e)
 {

@@ -404,9 +404,10 @@ nbd_send_again(struct endpoint *e)
   nbd_submit_list(e, op);
 }
 
-/* Engine tick: drives a reconnection. While one runs, the engine's
- * watchdog is told the endpoint is answering: the attempts are bounded
- * on their own (the handshake limit each, --retry of them). */
+/* Engine tick: sends the ops held by --retry-errors once their wait is
+ * over, and drives a reconnection. While either waits, the engine's
+ * watchdog is told the endpoint is answering: the waits are bounded on
+ * their own (the handshake limit each attempt, --retry of them). */
 void
 ep_nbd_tick(struct endpoint *e)
 {

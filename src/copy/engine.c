@@ -552,7 +552,8 @@ eng_issue_one(struct engine *e)
 /* ---- driving ---- */
 
 /* True while a request to an unwatched endpoint (file, pipe, generated)
- * is in flight: a worker may still be using its op and buffer. */
+ * is in flight, or the checkpoint callback runs: a worker may still be
+ * using its op and buffer. */
 static bool
 eng_local_busy(const struct engine *e)
 {

@@ -163,12 +163,13 @@ eng_fit_connections(struct engine *e, double bw, const uint32_t rtts[2])
   }
 }
 
-/* Window = 2 x bandwidth x RTT (smallest RTT the transport saw), at
- * least a floor of requests that keeps the servers busy, capped. Not
- * floor + 2 x BDP: on a long link that overfills the bottleneck's queue
- * (docs/copy.md, "Adaptive window", gives the losses measured). A
- * window-limited copy still grows: its bandwidth is window / RTT, so the
- * next window doubles.
+/* Window = 2 x bandwidth x RTT (the smallest RTT the transport saw on
+ * each NBD endpoint, the larger of the two), at least a floor of
+ * requests that keeps the servers busy, capped. Not floor + 2 x BDP: on
+ * a long link that overfills the bottleneck's queue (docs/copy.md,
+ * "Adaptive window", gives the losses measured). A window-limited copy
+ * still grows: its bandwidth is window / RTT, so the next window
+ * doubles.
  * It adapts every 4 RTTs (100 ms .. 1 s): adapting once a second held a
  * long link's first seconds below a small window. Doubling outright
  * while the window held pieces back grew no faster (TCP's own start-up
