@@ -1,5 +1,13 @@
 /* server.h: the NBD server: configuration, connections and requests.
  *
+ * Files: listen.c starts and stops the server and owns its listeners and
+ * event loops; conn.c is an NBD connection on its loop (lifecycle and the
+ * reading state machine), handshake.c and transmission.c the two phases
+ * it reads for. xapi.c is the other kind of session: HTTP receivers on
+ * threads of their own, which may hand their socket to the loops as an
+ * NBD connection (server_adopt). server_priv.h is between listen.c and
+ * conn.c only.
+ *
  * Threads: a few event-loop threads (struct sloop). The first owns the
  * listeners and the stop signals; it accepts, and hands each connection
  * to the loop that has the fewest, which owns from then on its reading
@@ -70,8 +78,9 @@
  * reading while a client with a small socket buffer sends the next.
  * Over TCP, a loop that finds the file busy (export write_lock) gives
  * the write to a worker too: waiting there left the socket full, and the
- * client's sending cost more than the worker (nbdcopy 1.13x as fast).
- * Over a Unix socket it waits (handing off measured 0.97x). */
+ * client's sending cost more than the worker. Over a Unix socket it
+ * waits, as handing off did not pay there (docs/internals.md, "Threads
+ * and who owns what"). */
 #define SERVER_INLINE_WRITE (1u << 20)
 /* Pipes one spliced payload may span: a process without CAP_SYS_RESOURCE
  * gets pipes of at most fs.pipe-max-size (1 MiB by default), and partly
@@ -113,7 +122,6 @@ struct server_config {
 struct conn;
 struct server;
 
-/* One event-loop thread and the connections it owns. */
 /* A socket on its way to a loop: accepted, or handed over by a session
  * (server_adopt), with its TLS transport when it has one (ops NULL:
  * plain). */
@@ -122,6 +130,7 @@ struct handoff {
   struct transport tls;
 };
 
+/* One event-loop thread and the connections it owns. */
 struct sloop {
   struct server *srv;
   struct loop *loop;
@@ -342,13 +351,11 @@ int transmission_flush(struct conn *c);
  * Returns 0, or -1 to close. */
 int transmission_part_next(struct conn *c);
 
-/* server.c, for the other two */
+/* conn.c */
 void conn_expect(struct conn *c, enum conn_state s, void *dst, size_t need);
 void conn_close(struct conn *c, const char *why);
 void conn_put(struct conn *c);
 void conn_resume(struct conn *c); /* any thread: ask the loop to look */
-/* Shutting down: the stop deadline, 0 while serving. Any thread. */
-uint64_t server_stopping(struct server *s);
 /* One warning line naming the client; at most CONN_LOG_CAP per connection,
  * so a hostile client, or one that keeps writing to a full disk, cannot
  * flood the log. Any thread (the count is atomic). */
@@ -360,22 +367,28 @@ conn_nlogged(struct conn *c)
 {
   return __atomic_load_n(&c->nlogged, __ATOMIC_RELAXED);
 }
+/* Loop thread, under c->lock: sets the epoll events from the state. */
+void conn_update_events(struct conn *c);
+void req_destroy(struct req *q);
+
+/* listen.c */
+/* Shutting down: the stop deadline, 0 while serving. Any thread. */
+uint64_t server_stopping(struct server *s);
 /* For sessions outside the loops (server/xapi.c): a place under
  * --max-connections (0, or -EBUSY when full), its release, and the
  * hand-over of a socket that holds one to a loop as an NBD connection
  * (0, or -ENOMEM: the caller still owns fd and its place). tls, when not
- * NULL, is the socket's established TLS session (transport_tls), whose
- * transport the connection takes over on success: the NBD handshake
- * then runs inside it, as after STARTTLS. Any thread. */
+ * NULL, is the socket's established TLS session (tls_server_start, its
+ * handshake complete), whose transport the connection takes over on
+ * success: the NBD handshake then runs inside it, as after STARTTLS.
+ * Any thread. */
 int server_take_slot(struct server *s);
 void server_release_slot(struct server *s);
 int server_adopt(struct server *s, int fd, const struct transport *tls);
-
 struct export *server_find_export(struct server *s, const uint8_t *name,
                                   size_t len);
-/* Loop thread, under c->lock: sets the epoll events from the state. */
-void conn_update_events(struct conn *c);
-void req_destroy(struct req *q);
+
+/* transmission.c: a request's buffer and pipes */
 void req_close_pipes(struct req *q);
 int req_add_pipe(struct req *q); /* one more pipe of pipe_size */
 int req_reserve(struct req *q, size_t n); /* buf of at least n bytes */
