@@ -95,11 +95,13 @@ double tcpinfo_bytes_per_seg(const struct tcpinfo_stats *s);
 int tcpinfo_format_json(const struct tcpinfo_stats *s, char *buf,
                         size_t len);
 
-/* Writes the summary as one human log line (no newline), e.g.
- * "samples 25, stall 0.0%, 8948 B/seg (mss 8948, 100%), inflight 12 seg /
- *  107 KiB, rtt 10.2 ms (min 10.0, max 10.8, var 0.3), rate 941 Mbit/s,
- *  sndbuf-limited 0.0%, rwnd-limited 0.0%, retrans 0".
- * Returns as tcpinfo_format_json. */
+/* Writes the summary as one human log line (no newline):
+ * "samples N, stall P%, B B/seg (mss M, P%), inflight S seg / K KiB
+ *  (max S / K KiB), rtt R ms (min R, max R, var R), rate M Mbit/s
+ *  (max M), sndbuf-limited P%, rwnd-limited P%, retrans N", with
+ * "no data sent (mss M)" in place of the B/seg part when nothing was
+ * sent, and the rate and the limited shares only when the kernel
+ * reports them. Returns as tcpinfo_format_json. */
 int tcpinfo_format_line(const struct tcpinfo_stats *s, char *buf,
                         size_t len);
 
