@@ -1,4 +1,5 @@
 /* tls.h: the TLS transport (GnuTLS) and the credentials behind it.
+ * tls.c holds the session, tls_creds.c the credentials.
  *
  * After NBD_OPT_STARTTLS has been acknowledged, tls_server_start (or
  * tls_client_start) swaps a connection's plain transport for this one, on
