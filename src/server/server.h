@@ -98,7 +98,7 @@
  * answered, and clients still negotiating to leave, before the server
  * closes what is left. */
 #define SERVER_STOP_GRACE_MS 5000
-#define CONN_LOG_CAP 16 /* TCP_INFO sampling period with --stats */
+#define CONN_LOG_CAP 16 /* conn_log lines per connection */
 
 struct server_config {
   const char *listen;  /* HOST:PORT, NULL for the default */
@@ -292,7 +292,8 @@ struct conn {
 
   /* Shared between the loop and workers, under lock. */
   pthread_mutex_t lock;
-  int refs;             /* loop's own + one per request out of the loop */
+  int refs;             /* loop's own + one per request out of the loop
+                         * + one while on sl->resume */
   int inflight;         /* requests between header and reply sent */
   bool paused;          /* EPOLLIN off: max_inflight or budget reached */
   size_t held;          /* payload bytes of requests in flight */
