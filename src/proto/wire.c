@@ -12,6 +12,75 @@ wire_encode_greeting(uint8_t out[NBD_GREETING_LEN], uint16_t hflags)
   wire_put16(out + 16, hflags);
 }
 
+bool
+wire_greeting_prefix_ok(const uint8_t *p, size_t n)
+{
+  uint8_t magic[8];
+  wire_put64(magic, NBD_INIT_PASSWD);
+  return n <= sizeof magic && memcmp(p, magic, n) == 0;
+}
+
+enum wire_greeting_style
+wire_decode_greeting(const uint8_t in[16])
+{
+  if (wire_get64(in) != NBD_INIT_PASSWD)
+    return WIRE_GREETING_UNKNOWN;
+  switch (wire_get64(in + 8)) {
+  case NBD_IHAVEOPT:
+    return WIRE_GREETING_NEWSTYLE;
+  case NBD_CLISERV_MAGIC:
+    return WIRE_GREETING_OLDSTYLE;
+  default:
+    return WIRE_GREETING_UNKNOWN;
+  }
+}
+
+uint16_t
+wire_decode_hflags(const uint8_t in[2])
+{
+  return wire_get16(in);
+}
+
+void
+wire_encode_cflags(uint8_t out[4], uint32_t cflags)
+{
+  wire_put32(out, cflags);
+}
+
+uint32_t
+wire_decode_cflags(const uint8_t in[4])
+{
+  return wire_get32(in);
+}
+
+size_t
+wire_encode_export_name_reply(
+    uint8_t out[NBD_EXPORT_NAME_REPLY_LEN + NBD_ZEROES_LEN], uint64_t size,
+    uint16_t tflags, bool zeroes)
+{
+  wire_put64(out, size);
+  wire_put16(out + 8, tflags);
+  if (!zeroes)
+    return NBD_EXPORT_NAME_REPLY_LEN;
+  memset(out + NBD_EXPORT_NAME_REPLY_LEN, 0, NBD_ZEROES_LEN);
+  return NBD_EXPORT_NAME_REPLY_LEN + NBD_ZEROES_LEN;
+}
+
+void
+wire_decode_export_name_reply(const uint8_t in[NBD_EXPORT_NAME_REPLY_LEN],
+                              uint64_t *size, uint16_t *tflags)
+{
+  *size = wire_get64(in);
+  *tflags = wire_get16(in + 8);
+}
+
+void
+wire_decode_oldstyle(const uint8_t in[12], uint64_t *size, uint16_t *tflags)
+{
+  *size = wire_get64(in);
+  *tflags = (uint16_t)wire_get32(in + 8);
+}
+
 void
 wire_encode_opt(uint8_t out[NBD_OPT_HDR_LEN], uint32_t option, uint32_t length)
 {
@@ -251,6 +320,66 @@ wire_encode_chunk(uint8_t *out, bool extended, uint16_t flags, uint16_t type,
   return NBD_STRUCTURED_REPLY_LEN;
 }
 
+size_t
+wire_encode_none_chunk(uint8_t *out, bool extended, uint64_t cookie,
+                       uint64_t req_offset)
+{
+  return wire_encode_chunk(out, extended, NBD_REPLY_FLAG_DONE,
+                           NBD_REPLY_TYPE_NONE, cookie, req_offset, 0);
+}
+
+size_t
+wire_encode_data_chunk(uint8_t *out, bool extended, uint16_t flags,
+                       uint64_t cookie, uint64_t req_offset,
+                       uint64_t data_offset, uint64_t data_len)
+{
+  size_t h = wire_encode_chunk(out, extended, flags, NBD_REPLY_TYPE_OFFSET_DATA,
+                               cookie, req_offset, 8 + data_len);
+  wire_put64(out + h, data_offset);
+  return h + 8;
+}
+
+size_t
+wire_encode_hole_chunk(uint8_t *out, bool extended, uint16_t flags,
+                       uint64_t cookie, uint64_t req_offset,
+                       uint64_t hole_offset, uint32_t hole_len)
+{
+  size_t h = wire_encode_chunk(out, extended, flags, NBD_REPLY_TYPE_OFFSET_HOLE,
+                               cookie, req_offset, 12);
+  wire_put64(out + h, hole_offset);
+  wire_put32(out + h + 8, hole_len);
+  return h + 12;
+}
+
+size_t
+wire_encode_error_chunk(uint8_t *out, bool extended, uint16_t flags,
+                        uint64_t cookie, uint64_t req_offset, uint32_t error,
+                        const char *msg, uint16_t msg_len)
+{
+  size_t h = wire_encode_chunk(out, extended, flags, NBD_REPLY_TYPE_ERROR,
+                               cookie, req_offset, 6u + msg_len);
+  wire_put32(out + h, error);
+  wire_put16(out + h + 4, msg_len);
+  if (msg_len)
+    memcpy(out + h + 6, msg, msg_len);
+  return h + 6 + msg_len;
+}
+
+int
+wire_decode_error_chunk_unknown(const uint8_t *p, size_t len,
+                                struct wire_error_chunk *e)
+{
+  if (len < 6)
+    return -EINVAL;
+  e->error = wire_get32(p);
+  e->msg_len = wire_get16(p + 4);
+  e->msg = p + 6;
+  e->offset = 0;
+  if (6 + (size_t)e->msg_len > len)
+    return -EINVAL;
+  return 0;
+}
+
 int
 wire_decode_error_chunk(const uint8_t *p, size_t len, bool with_offset,
                         struct wire_error_chunk *e)
@@ -293,6 +422,55 @@ wire_decode_info_item(const uint8_t *p, size_t len, struct wire_info_item *it)
   default:
     return 0;
   }
+}
+
+size_t
+wire_encode_info_export(uint8_t out[12], uint64_t size, uint16_t tflags)
+{
+  wire_put16(out, NBD_INFO_EXPORT);
+  wire_put64(out + 2, size);
+  wire_put16(out + 10, tflags);
+  return 12;
+}
+
+size_t
+wire_encode_info_block_size(uint8_t out[14], uint32_t minimum,
+                            uint32_t preferred, uint32_t maximum)
+{
+  wire_put16(out, NBD_INFO_BLOCK_SIZE);
+  wire_put32(out + 2, minimum);
+  wire_put32(out + 6, preferred);
+  wire_put32(out + 10, maximum);
+  return 14;
+}
+
+size_t
+wire_encode_info_text(uint8_t *out, uint16_t type, const void *text, size_t len)
+{
+  wire_put16(out, type);
+  if (len)
+    memcpy(out + 2, text, len);
+  return 2 + len;
+}
+
+size_t
+wire_encode_rep_server(uint8_t *out, const char *name, uint32_t name_len,
+                       const char *desc, uint32_t desc_len)
+{
+  wire_put32(out, name_len);
+  memcpy(out + 4, name, name_len);
+  if (desc_len)
+    memcpy(out + 4 + name_len, desc, desc_len);
+  return 4 + (size_t)name_len + desc_len;
+}
+
+size_t
+wire_encode_rep_meta(uint8_t *out, uint32_t id, const char *name,
+                     uint32_t name_len)
+{
+  wire_put32(out, id);
+  memcpy(out + 4, name, name_len);
+  return 4 + (size_t)name_len;
 }
 
 int
@@ -349,6 +527,31 @@ wire_decode_status_chunk(const uint8_t *p, size_t len, bool extended,
   s->extended = extended;
   s->desc = p + hdr;
   return 0;
+}
+
+size_t
+wire_encode_status_head(uint8_t *out, bool extended, uint32_t context_id,
+                        uint32_t count)
+{
+  wire_put32(out, context_id);
+  if (!extended)
+    return 4;
+  wire_put32(out + 4, count);
+  return 8;
+}
+
+size_t
+wire_encode_status_desc(uint8_t *out, bool extended, uint64_t length,
+                        uint32_t flags)
+{
+  if (extended) {
+    wire_put64(out, length);
+    wire_put64(out + 8, flags);
+    return 16;
+  }
+  wire_put32(out, (uint32_t)length);
+  wire_put32(out + 4, flags);
+  return 8;
 }
 
 int

@@ -3,7 +3,8 @@
  * Pure functions: no I/O, no allocation. Decoders never trust a length from
  * the wire: each takes the number of bytes available and says how many it
  * needs. Every parser of peer bytes in the project lives here (and in
- * util/uri.c) so that one fuzz harness per parser covers it. */
+ * util/uri.c) so that one fuzz harness per parser covers it; so does every
+ * encoder of NBD's byte layouts, so that no other module spells one. */
 #ifndef NBDFLOW_PROTO_WIRE_H
 #define NBDFLOW_PROTO_WIRE_H
 
@@ -56,6 +57,40 @@ wire_put64(uint8_t *p, uint64_t v)
 /* Server greeting, 18 bytes. */
 void wire_encode_greeting(uint8_t out[NBD_GREETING_LEN], uint16_t hflags);
 
+/* What a client reads first: "NBDMAGIC", then IHAVEOPT (newstyle, u16
+ * handshake flags follow) or the oldstyle magic (NBD_OLDSTYLE_LEN - 16
+ * bytes of export data follow). */
+enum wire_greeting_style {
+  WIRE_GREETING_UNKNOWN, /* "NBDMAGIC" with another second magic */
+  WIRE_GREETING_NEWSTYLE,
+  WIRE_GREETING_OLDSTYLE,
+};
+/* Whether the n bytes at p (n <= 8) start "NBDMAGIC", so that a peer
+ * speaking another protocol is named at its first wrong byte. */
+bool wire_greeting_prefix_ok(const uint8_t *p, size_t n);
+/* The style of the 16 bytes that start a greeting (the first 8 checked by
+ * wire_greeting_prefix_ok). */
+enum wire_greeting_style wire_decode_greeting(const uint8_t in[16]);
+/* The newstyle handshake flags (u16) after the 16 bytes above. */
+uint16_t wire_decode_hflags(const uint8_t in[2]);
+/* The client's flags (u32) in answer to them. */
+void wire_encode_cflags(uint8_t out[4], uint32_t cflags);
+uint32_t wire_decode_cflags(const uint8_t in[4]);
+
+/* Export data: the reply to NBD_OPT_EXPORT_NAME (u64 size, u16
+ * transmission flags, then 124 zeroes unless NO_ZEROES) and the rest of an
+ * oldstyle greeting (u64 size, u32 flags, 124 zeroes). The encoder writes
+ * the 10 bytes and, when zeroes, the 124 zeroes; returns what it wrote. */
+size_t wire_encode_export_name_reply(
+    uint8_t out[NBD_EXPORT_NAME_REPLY_LEN + NBD_ZEROES_LEN], uint64_t size,
+    uint16_t tflags, bool zeroes);
+void wire_decode_export_name_reply(const uint8_t in[NBD_EXPORT_NAME_REPLY_LEN],
+                                   uint64_t *size, uint16_t *tflags);
+/* Oldstyle flags are 32 bits of which the low 16 are transmission flags;
+ * *tflags gets those. in holds 12 bytes. */
+void wire_decode_oldstyle(const uint8_t in[12], uint64_t *size,
+                          uint16_t *tflags);
+
 /* Client option header (16 bytes) and server option reply header (20). */
 struct wire_opt {
   uint32_t option;
@@ -87,6 +122,12 @@ struct wire_info_req {
 };
 int wire_decode_info_req(const uint8_t *data, size_t len,
                          struct wire_info_req *r);
+/* The i-th request code (i < r->nreqs). */
+static inline uint16_t
+wire_info_req_code(const struct wire_info_req *r, uint16_t i)
+{
+  return wire_get16(r->reqs + 2 * (size_t)i);
+}
 /* Encoded size is 4 + name_len + 2 + 2 * nreqs; out must hold it. */
 size_t wire_encode_info_req(uint8_t *out, const char *name, uint32_t name_len,
                             const uint16_t *reqs, uint16_t nreqs);
@@ -124,6 +165,15 @@ struct wire_info_item {
 };
 int wire_decode_info_item(const uint8_t *p, size_t len,
                           struct wire_info_item *it);
+/* Encoders of NBD_REP_INFO payloads; each returns the payload length.
+ * NBD_INFO_EXPORT: 12 bytes. NBD_INFO_BLOCK_SIZE: 14 bytes. NBD_INFO_NAME
+ * or NBD_INFO_DESCRIPTION: 2 + len bytes, the text copied after the type
+ * (len <= NBD_MAX_STRING is the caller's to check). */
+size_t wire_encode_info_export(uint8_t out[12], uint64_t size, uint16_t tflags);
+size_t wire_encode_info_block_size(uint8_t out[14], uint32_t minimum,
+                                   uint32_t preferred, uint32_t maximum);
+size_t wire_encode_info_text(uint8_t *out, uint16_t type, const void *text,
+                             size_t len);
 
 /* NBD_REP_SERVER payload (a LIST reply): u32 name length, name, then the
  * description up to the end. Returns 0 or -EINVAL when the name overruns
@@ -136,6 +186,10 @@ struct wire_rep_server {
 };
 int wire_decode_rep_server(const uint8_t *p, size_t len,
                            struct wire_rep_server *s);
+/* Encodes one; out holds 4 + name_len + desc_len bytes, the length
+ * returned. desc may be NULL when desc_len is 0. */
+size_t wire_encode_rep_server(uint8_t *out, const char *name, uint32_t name_len,
+                              const char *desc, uint32_t desc_len);
 
 /* NBD_REP_META_CONTEXT payload: u32 context ID, then the name up to the
  * end. Returns 0 or -EINVAL under 4 bytes. */
@@ -145,6 +199,9 @@ struct wire_rep_meta {
   uint32_t name_len;
 };
 int wire_decode_rep_meta(const uint8_t *p, size_t len, struct wire_rep_meta *m);
+/* Encodes one; out holds 4 + name_len bytes, the length returned. */
+size_t wire_encode_rep_meta(uint8_t *out, uint32_t id, const char *name,
+                            uint32_t name_len);
 
 /* ---- Transmission ---- */
 
@@ -194,6 +251,36 @@ size_t wire_encode_chunk(uint8_t *out, bool extended, uint16_t flags,
                          uint16_t type, uint64_t cookie, uint64_t offset,
                          uint64_t length);
 
+/* Whole chunks, header and payload, for the server. Each writes into out
+ * (the caller's header buffer) and returns the bytes written; cookie and
+ * req_offset are the request's, flags is 0 or NBD_REPLY_FLAG_DONE.
+ *
+ * NBD_REPLY_TYPE_NONE, with DONE (the only chunk that may carry no
+ * payload): a header alone. */
+size_t wire_encode_none_chunk(uint8_t *out, bool extended, uint64_t cookie,
+                              uint64_t req_offset);
+/* NBD_REPLY_TYPE_OFFSET_DATA: the header and the u64 offset of the data,
+ * but not the data_len bytes of data, which the caller sends after them
+ * from wherever they are (its buffer, or a file): no copy. Writes at most
+ * WIRE_DATA_CHUNK_HDR_MAX bytes. */
+#define WIRE_DATA_CHUNK_HDR_MAX (NBD_EXTENDED_REPLY_LEN + 8)
+size_t wire_encode_data_chunk(uint8_t *out, bool extended, uint16_t flags,
+                              uint64_t cookie, uint64_t req_offset,
+                              uint64_t data_offset, uint64_t data_len);
+/* NBD_REPLY_TYPE_OFFSET_HOLE: the header, u64 offset, u32 hole size. Writes
+ * at most WIRE_HOLE_CHUNK_MAX bytes. */
+#define WIRE_HOLE_CHUNK_MAX (NBD_EXTENDED_REPLY_LEN + 12)
+size_t wire_encode_hole_chunk(uint8_t *out, bool extended, uint16_t flags,
+                              uint64_t cookie, uint64_t req_offset,
+                              uint64_t hole_offset, uint32_t hole_len);
+/* NBD_REPLY_TYPE_ERROR: the header, u32 error (an NBD error value), u16
+ * message length, the message (copied: it is short). Writes at most
+ * NBD_EXTENDED_REPLY_LEN + 6 + msg_len bytes. */
+size_t wire_encode_error_chunk(uint8_t *out, bool extended, uint16_t flags,
+                               uint64_t cookie, uint64_t req_offset,
+                               uint32_t error, const char *msg,
+                               uint16_t msg_len);
+
 /* Error chunk payload: u32 error, u16 message length, message
  * [, u64 offset for ERROR_OFFSET]. Returns 0 or -EINVAL on overrun. */
 struct wire_error_chunk {
@@ -204,11 +291,24 @@ struct wire_error_chunk {
 };
 int wire_decode_error_chunk(const uint8_t *p, size_t len, bool with_offset,
                             struct wire_error_chunk *e);
+/* An error chunk of a type this side does not know: only its error and
+ * message are read, and what follows the message is left alone. Returns 0
+ * (offset 0), or -EINVAL when the message overruns the payload. */
+int wire_decode_error_chunk_unknown(const uint8_t *p, size_t len,
+                                    struct wire_error_chunk *e);
 
 /* NBD_REPLY_TYPE_OFFSET_HOLE payload: u64 offset, u32 hole size (12 bytes
  * in both header forms). Returns 0 or -EINVAL for any other length. */
 int wire_decode_hole_chunk(const uint8_t *p, size_t len, uint64_t *offset,
                            uint32_t *hole_len);
+
+/* The u64 offset that opens an NBD_REPLY_TYPE_OFFSET_DATA payload; the
+ * data (payload length - 8) follows it. */
+static inline uint64_t
+wire_decode_data_offset(const uint8_t in[8])
+{
+  return wire_get64(in);
+}
 
 /* BLOCK_STATUS (compact) or BLOCK_STATUS_EXT payload: u32 context ID, [u32
  * descriptor count,] then descriptors of (u32 length, u32 flags) or (u64
@@ -234,6 +334,15 @@ wire_status_len(bool extended, size_t n)
 {
   return extended ? 8 + 16 * n : 4 + 8 * n;
 }
+/* Encoding a status chunk's payload in place: its head (u32 context ID,
+ * and when extended the u32 descriptor count), then each descriptor at
+ * out + wire_status_len(extended, i). Lengths of compact descriptors are
+ * cut to 32 bits: the caller keeps them within the request's length. Each
+ * returns the bytes written. */
+size_t wire_encode_status_head(uint8_t *out, bool extended, uint32_t context_id,
+                               uint32_t count);
+size_t wire_encode_status_desc(uint8_t *out, bool extended, uint64_t length,
+                               uint32_t flags);
 
 /* Map a host errno to the NBD error value and back (§Error values). */
 uint32_t wire_errno_to_nbd(int err);
