@@ -92,7 +92,7 @@ handshake_start(struct conn *c)
 int
 handshake_flags(struct conn *c)
 {
-  c->cflags = wire_get32(c->msg);
+  c->cflags = wire_decode_cflags(c->msg);
   uint32_t known = NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES;
   if (c->cflags & ~known) {
     conn_log(c, "unknown client flags 0x%x", c->cflags & ~known);
@@ -163,11 +163,10 @@ opt_export_name(struct conn *c, const uint8_t *data, uint32_t len)
     conn_log(c, "EXPORT_NAME: no export \"%s\"", log_escape(esc, data, len));
     return -1;
   }
-  uint8_t r[NBD_EXPORT_NAME_REPLY_LEN + NBD_ZEROES_LEN] = { 0 };
-  wire_put64(r, e->size);
-  wire_put16(r + 8, export_tflags(e, c->structured));
-  size_t n = (c->cflags & NBD_FLAG_C_NO_ZEROES) ? NBD_EXPORT_NAME_REPLY_LEN
-                                                : sizeof r;
+  uint8_t r[NBD_EXPORT_NAME_REPLY_LEN + NBD_ZEROES_LEN];
+  size_t n = wire_encode_export_name_reply(
+    r, e->size, export_tflags(e, c->structured),
+    !(c->cflags & NBD_FLAG_C_NO_ZEROES));
   handshake_queue(c, r, n);
   transmission_start(c, e);
   return 0;
@@ -188,11 +187,9 @@ opt_list(struct conn *c)
     uint8_t *p = malloc(4 + nl + dl);
     if (p == NULL)
       continue;
-    wire_put32(p, (uint32_t)nl);
-    memcpy(p + 4, e->name, nl);
-    if (dl)
-      memcpy(p + 4 + nl, e->description, dl);
-    opt_reply(c, NBD_REP_SERVER, p, 4 + nl + dl);
+    size_t n = wire_encode_rep_server(p, e->name, (uint32_t)nl,
+                                      e->description, (uint32_t)dl);
+    opt_reply(c, NBD_REP_SERVER, p, n);
     free(p);
   }
   opt_reply(c, NBD_REP_ACK, NULL, 0);
@@ -308,13 +305,13 @@ handshake_tls_step(struct conn *c)
   return 1;
 }
 
+/* An NBD_REP_INFO of NAME or DESCRIPTION (len <= NBD_MAX_STRING). */
 static void
-info_reply(struct conn *c, uint16_t type, const void *p, size_t len)
+info_text_reply(struct conn *c, uint16_t type, const char *text, size_t len)
 {
   uint8_t buf[2 + NBD_MAX_STRING];
-  wire_put16(buf, type);
-  memcpy(buf + 2, p, len);
-  opt_reply(c, NBD_REP_INFO, buf, 2 + len);
+  opt_reply(c, NBD_REP_INFO, buf,
+            wire_encode_info_text(buf, type, text, len));
 }
 
 static int
@@ -341,24 +338,24 @@ opt_info_go(struct conn *c, const uint8_t *data, uint32_t len)
   }
   bool want_name = false, want_desc = false, want_sizes = false;
   for (uint16_t i = 0; i < ir.nreqs; i++) {
-    uint16_t t = wire_get16(ir.reqs + 2 * i);
+    uint16_t t = wire_info_req_code(&ir, i);
     want_name |= t == NBD_INFO_NAME;
     want_desc |= t == NBD_INFO_DESCRIPTION;
     want_sizes |= t == NBD_INFO_BLOCK_SIZE;
   }
-  uint8_t p[12];
-  wire_put64(p, e->size);
-  wire_put16(p + 8, export_tflags(e, c->structured));
-  info_reply(c, NBD_INFO_EXPORT, p, 10);
+  uint8_t p[14];
+  opt_reply(c, NBD_REP_INFO, p,
+            wire_encode_info_export(p, e->size,
+                                    export_tflags(e, c->structured)));
   if (want_name)
-    info_reply(c, NBD_INFO_NAME, e->name, strlen(e->name));
+    info_text_reply(c, NBD_INFO_NAME, e->name, strlen(e->name));
   if (want_desc && e->description)
-    info_reply(c, NBD_INFO_DESCRIPTION, e->description,
-               strlen(e->description));
-  wire_put32(p, e->min_block ? e->min_block : 1);
-  wire_put32(p + 4, SERVER_PREFERRED_BLOCK);
-  wire_put32(p + 8, SERVER_MAX_PAYLOAD);
-  info_reply(c, NBD_INFO_BLOCK_SIZE, p, 12);
+    info_text_reply(c, NBD_INFO_DESCRIPTION, e->description,
+                    strlen(e->description));
+  opt_reply(c, NBD_REP_INFO, p,
+            wire_encode_info_block_size(p, e->min_block ? e->min_block : 1,
+                                        SERVER_PREFERRED_BLOCK,
+                                        SERVER_MAX_PAYLOAD));
   opt_reply(c, NBD_REP_ACK, NULL, 0);
   if (go) {
     /* §Size constraints: a GO that asks for them "MUST abide by the
@@ -411,9 +408,8 @@ meta_context_reply(struct conn *c, uint32_t id)
 {
   const char *name = NBD_META_BASE_ALLOCATION;
   uint8_t p[4 + sizeof NBD_META_BASE_ALLOCATION];
-  wire_put32(p, id);
-  memcpy(p + 4, name, strlen(name));
-  opt_reply(c, NBD_REP_META_CONTEXT, p, 4 + strlen(name));
+  opt_reply(c, NBD_REP_META_CONTEXT, p,
+            wire_encode_rep_meta(p, id, name, (uint32_t)strlen(name)));
 }
 
 static void

@@ -210,7 +210,7 @@ struct req {
   size_t cost;        /* payload bytes counted in c->held, 0 if none */
 
   /* The reply: headers in hdr, data slices of buf, ready for writev. */
-  uint8_t hdr[REQ_MAX_CHUNKS * (NBD_EXTENDED_REPLY_LEN + 12) + 64];
+  uint8_t hdr[REQ_MAX_CHUNKS * WIRE_HOLE_CHUNK_MAX + 64];
   struct iovec iov[2 * REQ_MAX_CHUNKS + 2];
   int iovcnt;
   struct iovec *iov_cur; /* first unsent slice */

@@ -88,13 +88,10 @@ reply_error(struct req *q)
   if (c->extended || (c->structured && chunked)) {
     const char *m = q->errmsg ? q->errmsg : "";
     uint16_t ml = (uint16_t)strlen(m);
-    size_t h = wire_encode_chunk(q->hdr, c->extended, NBD_REPLY_FLAG_DONE,
-                                 NBD_REPLY_TYPE_ERROR, q->r.cookie,
-                                 q->r.offset, 6u + ml);
-    wire_put32(q->hdr + h, q->error);
-    wire_put16(q->hdr + h + 4, ml);
-    memcpy(q->hdr + h + 6, m, ml);
-    reply_iov(q, q->hdr, h + 6 + ml);
+    reply_iov(q, q->hdr,
+              wire_encode_error_chunk(q->hdr, c->extended,
+                                      NBD_REPLY_FLAG_DONE, q->r.cookie,
+                                      q->r.offset, q->error, m, ml));
     return;
   }
   reply_iov(q, q->hdr, wire_encode_simple_reply(q->hdr, q->r.cookie,
@@ -108,9 +105,8 @@ reply_ok(struct req *q)
   q->iovcnt = 0;
   if (c->extended)
     reply_iov(q, q->hdr,
-              wire_encode_chunk(q->hdr, true, NBD_REPLY_FLAG_DONE,
-                                NBD_REPLY_TYPE_NONE, q->r.cookie,
-                                q->r.offset, 0));
+              wire_encode_none_chunk(q->hdr, true, q->r.cookie,
+                                     q->r.offset));
   else
     reply_iov(q, q->hdr, wire_encode_simple_reply(q->hdr, q->r.cookie, 0));
 }
@@ -196,10 +192,8 @@ read_structured(struct req *q)
 
   if (len == 0) {
     q->iovcnt = 0;
-    reply_iov(q, q->hdr, wire_encode_chunk(q->hdr, c->extended,
-                                           NBD_REPLY_FLAG_DONE,
-                                           NBD_REPLY_TYPE_NONE, q->r.cookie,
-                                           off, 0));
+    reply_iov(q, q->hdr, wire_encode_none_chunk(q->hdr, c->extended,
+                                                q->r.cookie, off));
     return;
   }
   if (!(q->r.flags & NBD_CMD_FLAG_DF))
@@ -242,17 +236,12 @@ read_structured(struct req *q)
     uint16_t done = i == n - 1 ? NBD_REPLY_FLAG_DONE : 0;
     uint8_t *start = h;
     if (ext[i].flags) {
-      h += wire_encode_chunk(h, c->extended, done, NBD_REPLY_TYPE_OFFSET_HOLE,
-                             q->r.cookie, off, 12);
-      wire_put64(h, off + rel);
-      wire_put32(h + 8, (uint32_t)ext[i].length);
-      h += 12;
+      h += wire_encode_hole_chunk(h, c->extended, done, q->r.cookie, off,
+                                  off + rel, (uint32_t)ext[i].length);
       reply_iov(q, start, (size_t)(h - start));
     } else {
-      h += wire_encode_chunk(h, c->extended, done, NBD_REPLY_TYPE_OFFSET_DATA,
-                             q->r.cookie, off, 8 + ext[i].length);
-      wire_put64(h, off + rel);
-      h += 8;
+      h += wire_encode_data_chunk(h, c->extended, done, q->r.cookie, off,
+                                  off + rel, ext[i].length);
       reply_iov(q, start, (size_t)(h - start));
       if (from_file) {
         q->file_left = len; /* file_fd at file_off: req_from_file's */
@@ -308,16 +297,11 @@ read_long_part(struct req *q)
   uint8_t *h = q->hdr;
   if (chunks) {
     uint16_t done = q->part_left == 0 ? NBD_REPLY_FLAG_DONE : 0;
-    h += wire_encode_chunk(h, c->extended, done, NBD_REPLY_TYPE_OFFSET_DATA,
-                           q->r.cookie, q->r.offset, 8 + (uint64_t)len);
-    wire_put64(h, off);
-    h += 8;
+    h += wire_encode_data_chunk(h, c->extended, done, q->r.cookie,
+                                q->r.offset, off, len);
   } else if (first && c->structured) {
-    h += wire_encode_chunk(h, c->extended, NBD_REPLY_FLAG_DONE,
-                           NBD_REPLY_TYPE_OFFSET_DATA, q->r.cookie,
-                           q->r.offset, 8 + q->r.length);
-    wire_put64(h, off);
-    h += 8;
+    h += wire_encode_data_chunk(h, c->extended, NBD_REPLY_FLAG_DONE,
+                                q->r.cookie, q->r.offset, off, q->r.length);
   } else if (first) {
     h += wire_encode_simple_reply(h, q->r.cookie, 0);
   }
@@ -374,8 +358,8 @@ run_block_status(struct req *q)
     q->ext = malloc((size_t)max * sizeof *q->ext);
     q->ext_cap = q->ext ? max : 0;
   }
-  size_t per = c->extended ? 16 : 8;
-  if (q->ext == NULL || req_reserve(q, 8 + per * (size_t)max) < 0) {
+  if (q->ext == NULL ||
+      req_reserve(q, wire_status_len(c->extended, (size_t)max)) < 0) {
     req_fail(q, ENOMEM, "out of memory");
     reply_error(q);
     return;
@@ -398,23 +382,11 @@ run_block_status(struct req *q)
       q->ext[++m] = q->ext[i];
   }
   n = m + 1;
-  uint8_t *p = q->buf;
-  size_t plen;
-  wire_put32(p, 1); /* the context id SET_META_CONTEXT gave */
-  if (c->extended) {
-    wire_put32(p + 4, (uint32_t)n);
-    for (int i = 0; i < n; i++) {
-      wire_put64(p + 8 + 16 * i, q->ext[i].length);
-      wire_put64(p + 16 + 16 * i, q->ext[i].flags);
-    }
-    plen = 8 + 16 * (size_t)n;
-  } else {
-    for (int i = 0; i < n; i++) {
-      wire_put32(p + 4 + 8 * i, (uint32_t)q->ext[i].length);
-      wire_put32(p + 8 + 8 * i, q->ext[i].flags);
-    }
-    plen = 4 + 8 * (size_t)n;
-  }
+  /* The context id is the one SET_META_CONTEXT gave. */
+  size_t plen = wire_encode_status_head(q->buf, c->extended, 1, (uint32_t)n);
+  for (int i = 0; i < n; i++)
+    plen += wire_encode_status_desc(q->buf + plen, c->extended,
+                                    q->ext[i].length, q->ext[i].flags);
   q->iovcnt = 0;
   reply_iov(q, q->hdr,
             wire_encode_chunk(q->hdr, c->extended, NBD_REPLY_FLAG_DONE,
