@@ -364,8 +364,7 @@ hs_export_name(struct hs *h)
   if (r < 0)
     return hs_fail(h, r, "server refused export \"%s\" (%s)", name,
                    r == -ECONNRESET ? "connection closed" : strerror(-r));
-  h->c->info.size = wire_get64(buf);
-  h->c->info.tflags = wire_get16(buf + 8);
+  wire_decode_export_name_reply(buf, &h->c->info.size, &h->c->info.tflags);
   return 0;
 }
 
@@ -377,8 +376,7 @@ hs_oldstyle(struct hs *h)
   if (r < 0)
     return r;
   h->c->info.protocol = "oldstyle";
-  h->c->info.size = wire_get64(buf);
-  h->c->info.tflags = (uint16_t)wire_get32(buf + 8);
+  wire_decode_oldstyle(buf, &h->c->info.size, &h->c->info.tflags);
   return 0;
 }
 
@@ -522,12 +520,12 @@ hs_newstyle(struct hs *h)
   int r = hs_recv(h, b, 2);
   if (r < 0)
     return r;
-  uint16_t hflags = wire_get16(b);
+  uint16_t hflags = wire_decode_hflags(b);
   h->fixed = hflags & NBD_FLAG_FIXED_NEWSTYLE;
   h->no_zeroes = hflags & NBD_FLAG_NO_ZEROES;
   uint32_t cflags = (h->fixed ? NBD_FLAG_C_FIXED_NEWSTYLE : 0) |
                     (h->no_zeroes ? NBD_FLAG_C_NO_ZEROES : 0);
-  wire_put32(b, cflags);
+  wire_encode_cflags(b, cflags);
   r = hs_send(h, b, 4, 0);
   if (r < 0)
     return r;
@@ -621,8 +619,6 @@ hs_bad_greeting(struct hs *h, uint8_t b[16], size_t have)
 static int
 hs_recv_greeting(struct hs *h, uint8_t b[16])
 {
-  uint8_t magic[8];
-  wire_put64(magic, NBD_INIT_PASSWD);
   for (size_t have = 0; have < 8; have++) {
     int r = transport_recv_all(&h->c->tp, b + have, 1, hs_left(h));
     if (r == -ETIMEDOUT && h->o->timeout_ms >= 0)
@@ -635,7 +631,7 @@ hs_recv_greeting(struct hs *h, uint8_t b[16])
                      "without %s NBD greeting", have ? "a whole" : "an");
     if (r < 0)
       return hs_recv_failed(h, r);
-    if (b[have] != magic[have])
+    if (!wire_greeting_prefix_ok(b, have + 1))
       return hs_bad_greeting(h, b, have + 1);
   }
   return hs_recv(h, b + 8, 8);
@@ -648,12 +644,13 @@ hs_run(struct hs *h)
   int r = hs_recv_greeting(h, b);
   if (r < 0)
     return r;
-  if (wire_get64(b + 8) == NBD_CLISERV_MAGIC && h->u->tls)
+  enum wire_greeting_style style = wire_decode_greeting(b);
+  if (style == WIRE_GREETING_OLDSTYLE && h->u->tls)
     return hs_fail(h, -EACCES, "oldstyle server: it cannot do TLS, and an "
                    "nbds URI never continues in clear");
-  if (wire_get64(b + 8) == NBD_CLISERV_MAGIC)
+  if (style == WIRE_GREETING_OLDSTYLE)
     return hs_oldstyle(h);
-  if (wire_get64(b + 8) != NBD_IHAVEOPT)
+  if (style != WIRE_GREETING_NEWSTYLE)
     return hs_fail(h, -EPROTO, "not an NBD server (bad second magic)");
   return hs_newstyle(h);
 }

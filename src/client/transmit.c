@@ -580,11 +580,10 @@ client_rx_error(struct client_conn *c, const uint8_t *p, size_t len)
     /* Unknown error type: the request fails, the connection lives,
      * "unless the message length is too large" (§Structured reply
      * chunk message types). */
-    if (len < 6 || (size_t)6 + wire_get16(p + 4) > len)
+    if (wire_decode_error_chunk_unknown(p, len, &e) < 0)
       return client_proto(c, "error chunk message longer than the chunk");
     if (r->err == 0)
-      r->err = len >= 4 && wire_get32(p) ? wire_nbd_to_errno(wire_get32(p))
-                                        : EINVAL;
+      r->err = e.error ? wire_nbd_to_errno(e.error) : EINVAL;
     return 0;
   }
   if (wire_decode_error_chunk(p, len, with_off, &e) < 0)
@@ -747,7 +746,7 @@ client_rx_step(struct client_conn *c)
     return client_rx_header(c);
   case RX_OFFSET: {
     struct client_req *r = c->rx_req;
-    uint64_t off = wire_get64(c->rx_hdr);
+    uint64_t off = wire_decode_data_offset(c->rx_hdr);
     if (!client_in_req(r, off, c->rx_len))
       return client_proto(c, "data chunk outside the request");
     int err = c->rx_len > 0 ? client_cover(c, r, off, c->rx_len) : 0;
@@ -788,7 +787,7 @@ client_rx_got(struct client_conn *c, size_t n)
   if (c->rx_state == RX_HDR) {
     c->rx_have += n;
     if (c->rx_have == NBD_SIMPLE_REPLY_LEN && !c->info.extended &&
-        wire_get32(c->rx_hdr) == NBD_STRUCTURED_REPLY_MAGIC &&
+        wire_reply_len(c->rx_hdr) == NBD_STRUCTURED_REPLY_LEN &&
         c->rx_need == NBD_SIMPLE_REPLY_LEN) {
       if (!c->info.structured)
         return client_proto(c, "structured reply not negotiated");
@@ -797,7 +796,7 @@ client_rx_got(struct client_conn *c, size_t n)
     /* Known from the magic alone: waiting for a whole extended header
      * would wait forever on a 16-byte simple reply. */
     if (c->info.extended && c->rx_have >= 4 &&
-        wire_get32(c->rx_hdr) != NBD_EXTENDED_REPLY_MAGIC)
+        wire_reply_len(c->rx_hdr) != NBD_EXTENDED_REPLY_LEN)
       return client_proto(c, "compact reply after extended headers");
     return c->rx_have == c->rx_need ? client_rx_step(c) : 0;
   }
