@@ -1,8 +1,9 @@
 /* fuzz-payload.c: the payloads a server sends our client: option replies
  * (NBD_REP_INFO items, LIST's NBD_REP_SERVER, NBD_REP_META_CONTEXT) and
- * reply chunks (errors with and without an offset, holes, compact and
- * extended block status). Whatever decodes must lie inside the input and
- * account for every byte of it. */
+ * reply chunks (errors with and without an offset, errors of an unknown
+ * type, holes, compact and extended block status). Whatever decodes must
+ * lie inside the input and account for every byte of it (an unknown
+ * error type: every byte up to its message). */
 #include <string.h>
 
 #include "fuzz.h"
@@ -41,6 +42,12 @@ chunks(const uint8_t *p, size_t n)
       CHECK(6 + (size_t)e.msg_len + (off ? 8 : 0) == n);
     }
   }
+  /* An error chunk of a type the client does not know. */
+  struct wire_error_chunk u;
+  if (wire_decode_error_chunk_unknown(p, n, &u) == 0)
+    CHECK(WITHIN(u.msg, u.msg_len, p, n) && u.msg == p + 6 && u.offset == 0);
+  else
+    CHECK(n < 6 || 6 + (size_t)wire_get16(p + 4) > n);
   uint64_t hoff;
   uint32_t hlen;
   CHECK((wire_decode_hole_chunk(p, n, &hoff, &hlen) == 0) == (n == 12));
