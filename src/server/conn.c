@@ -242,16 +242,25 @@ conn_step(struct conn *c)
   return -1;
 }
 
+/* What moving a WRITE payload into pipes came to (conn_read_splice). */
+enum splice_result {
+  SPLICE_FAILED = -1, /* logged: close the connection */
+  SPLICE_WAIT = 0,    /* the socket is empty: wait for EPOLLIN */
+  SPLICE_DONE = 1,    /* the whole payload is in the pipes */
+  SPLICE_COPIED = 2,  /* fell back to the buffer: go on reading into it */
+  SPLICE_TURN = 3,    /* the turn's limit is reached: yield */
+};
+
 /* The pipe filled up before the payload was in (its slots hold partial
  * pages): take this payload back into the request's buffer and read the
- * rest of it the ordinary way. Returns 2 to say "go on reading". */
-static int
+ * rest of it the ordinary way. Returns SPLICE_COPIED or SPLICE_FAILED. */
+static enum splice_result
 conn_splice_fallback(struct conn *c)
 {
   struct req *q = c->cur;
   if (req_reserve(q, c->need) < 0) {
     log_warn("%s: out of memory for a %zu-byte payload", c->peer, c->need);
-    return -1;
+    return SPLICE_FAILED;
   }
   size_t got = 0;
   for (unsigned i = 0; i <= q->pipe_cur; i++) {
@@ -261,7 +270,7 @@ conn_splice_fallback(struct conn *c)
       if (n <= 0) {
         log_warn("%s: cannot drain a payload pipe: %s", c->peer,
                  n < 0 ? strerror(errno) : "short read");
-        return -1;
+        return SPLICE_FAILED;
       }
       got += (size_t)n;
     }
@@ -274,7 +283,7 @@ conn_splice_fallback(struct conn *c)
   size_t have = c->have;
   conn_expect(c, CS_REQ_PAYLOAD, q->buf, c->need);
   c->have = have;
-  return 2;
+  return SPLICE_COPIED;
 }
 
 /* The socket is empty. A client with Nagle on (the stock sparse_dd
@@ -295,9 +304,8 @@ conn_drained(struct conn *c)
 
 /* Moves a WRITE payload from the socket into its request's pipes, the
  * next one when one is full, at most about limit bytes of it this call.
- * Returns 1 when all of it is there, 0 when the socket is empty, 2 when it
- * fell back to the buffer, 3 when limit is reached, -1 to close. */
-static int
+ * Returns what it came to (enum splice_result). */
+static enum splice_result
 conn_read_splice(struct conn *c, size_t limit)
 {
   struct req *q = c->cur;
@@ -309,7 +317,7 @@ conn_read_splice(struct conn *c, size_t limit)
     if (w < 0 && errno != EAGAIN) {
       log_warn("%s: cannot fill a payload pipe: %s", c->peer,
                strerror(errno));
-      return -1;
+      return SPLICE_FAILED;
     }
     if (w > 0) {
       c->in_off += (size_t)w;
@@ -322,7 +330,7 @@ conn_read_splice(struct conn *c, size_t limit)
   size_t moved = 0;
   while (c->have < c->need) {
     if (moved >= limit)
-      return 3;
+      return SPLICE_TURN;
     size_t want = c->need - c->have;
     ssize_t n = sock_splice_to_pipe(c->fd, q->pipe[q->pipe_cur][1],
                                     want < limit - moved ? want
@@ -336,19 +344,19 @@ conn_read_splice(struct conn *c, size_t limit)
     }
     if (n == -EAGAIN) {
       conn_drained(c);
-      return 0;
+      return SPLICE_WAIT;
     }
     if (n <= 0) {
       log_warn("%s: %s in the middle of a WRITE payload", c->peer,
                n == 0 ? "client disconnected" : strerror((int)-n));
-      return -1;
+      return SPLICE_FAILED;
     }
     c->have += (size_t)n;
     moved += (size_t)n;
     q->pipe_len[q->pipe_cur] += (size_t)n;
     c->unacked = true;
   }
-  return 1;
+  return SPLICE_DONE;
 }
 
 static bool
@@ -378,15 +386,15 @@ conn_read(struct conn *c)
     }
     if (c->state == CS_REQ_SPLICE) {
       size_t before = c->have;
-      int r = conn_read_splice(c, SERVER_TURN_BYTES - turn);
+      enum splice_result r = conn_read_splice(c, SERVER_TURN_BYTES - turn);
       turn += c->have > before ? c->have - before : 0;
-      if (r == 0)
+      if (r == SPLICE_WAIT)
         return;
-      if (r == 3)
+      if (r == SPLICE_TURN)
         continue; /* the turn is over: yield above */
-      if (r == 2)
+      if (r == SPLICE_COPIED)
         continue; /* now an ordinary payload read */
-      if (r < 0 || transmission_payload(c) < 0) {
+      if (r == SPLICE_FAILED || transmission_payload(c) < 0) {
         conn_close(c, NULL);
         return;
       }
@@ -467,12 +475,12 @@ conn_on_event(struct loop *l, int fd, uint32_t events, void *arg)
   struct conn *c = arg;
 
   if (c->state == CS_TLS_HANDSHAKE) {
-    int r = handshake_tls_step(c);
-    if (r < 0) {
+    enum hs_progress r = handshake_tls_step(c);
+    if (r == HS_CLOSE) {
       conn_close(c, NULL);
       return;
     }
-    if (r == 0)
+    if (r == HS_WAIT)
       return;
   } else if ((events & (EPOLLERR | EPOLLHUP)) && !conn_may_read(c)) {
     /* Not reading (paused, or closing after DISC) and the socket can no

@@ -10,7 +10,7 @@
 #include "util/log.h"
 
 
-static int handshake_tls_begin(struct conn *c);
+static enum hs_progress handshake_tls_begin(struct conn *c);
 
 
 void
@@ -32,7 +32,7 @@ handshake_queue(struct conn *c, const void *p, size_t len)
   c->hs_out_len += len;
 }
 
-int
+enum hs_progress
 handshake_flush(struct conn *c)
 {
   while (c->hs_out_len > 0) {
@@ -50,7 +50,7 @@ handshake_flush(struct conn *c)
       else
         log_warn("%s: client gone during the handshake (send: %s)",
                  c->peer, strerror((int)-n));
-      return -1;
+      return HS_CLOSE;
     }
     memmove(c->hs_out, c->hs_out + n, c->hs_out_len - (size_t)n);
     c->hs_out_len -= (size_t)n;
@@ -58,13 +58,13 @@ handshake_flush(struct conn *c)
   if (c->hs_out_len == 0) {
     int r = c->t.ops->flush(&c->t);
     if (r < 0 && r != -EAGAIN)
-      return -1;
+      return HS_CLOSE;
     if (r == -EAGAIN) {
       pthread_mutex_lock(&c->lock);
       c->want_out = true;
       conn_update_events(c);
       pthread_mutex_unlock(&c->lock);
-      return 0;
+      return HS_WAIT;
     }
   }
   pthread_mutex_lock(&c->lock);
@@ -72,10 +72,10 @@ handshake_flush(struct conn *c)
   conn_update_events(c);
   pthread_mutex_unlock(&c->lock);
   if (c->hs_out_len == 0 && c->state == CS_CLOSING && c->exp == NULL)
-    return -1; /* ABORT acknowledged: now close */
+    return HS_CLOSE; /* ABORT acknowledged: now close */
   if (c->hs_out_len == 0 && c->tls_starting)
-    return handshake_tls_begin(c) < 0 ? -1 : 1;
-  return c->hs_out_len == 0 ? 1 : 0;
+    return handshake_tls_begin(c) == HS_CLOSE ? HS_CLOSE : HS_DONE;
+  return c->hs_out_len == 0 ? HS_DONE : HS_WAIT;
 }
 
 void
@@ -85,7 +85,7 @@ handshake_start(struct conn *c)
   wire_encode_greeting(g, NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES);
   handshake_queue(c, g, sizeof g);
   conn_expect(c, CS_CLIENT_FLAGS, c->msg, 4);
-  if (handshake_flush(c) < 0)
+  if (handshake_flush(c) == HS_CLOSE)
     conn_close(c, NULL);
 }
 
@@ -249,7 +249,7 @@ opt_tls_required(struct conn *c, int *r)
 
 /* The ACK to STARTTLS has left: switch the transport to TLS. Returns as
  * handshake_tls_step. */
-static int
+static enum hs_progress
 handshake_tls_begin(struct conn *c)
 {
   char err[256];
@@ -260,18 +260,18 @@ handshake_tls_begin(struct conn *c)
      * command; it must never reach TLS or the option parser. */
     log_warn("%s: %zu bytes sent in clear behind STARTTLS; closing the "
              "connection", c->peer, c->in_len - c->in_off);
-    return -1;
+    return HS_CLOSE;
   }
   if (tls_server_start(&c->t, c->srv->tls, err, sizeof err) < 0) {
     log_warn("%s: cannot start TLS: %s; closing the connection", c->peer,
              err);
-    return -1;
+    return HS_CLOSE;
   }
   c->state = CS_TLS_HANDSHAKE;
   return handshake_tls_step(c);
 }
 
-int
+enum hs_progress
 handshake_tls_step(struct conn *c)
 {
   char err[512];
@@ -283,12 +283,12 @@ handshake_tls_step(struct conn *c)
     c->want_out = want_write;
     conn_update_events(c);
     pthread_mutex_unlock(&c->lock);
-    return 0;
+    return HS_WAIT;
   }
   if (r < 0) {
     log_warn("%s: TLS handshake failed: %s; closing the connection",
              c->peer, err);
-    return -1;
+    return HS_CLOSE;
   }
   c->tls = true;
   conn_expect(c, CS_OPT_HDR, c->msg, NBD_OPT_HDR_LEN);
@@ -302,7 +302,7 @@ handshake_tls_step(struct conn *c)
   c->want_out = false;
   conn_update_events(c);
   pthread_mutex_unlock(&c->lock);
-  return 1;
+  return HS_DONE;
 }
 
 /* An NBD_REP_INFO of NAME or DESCRIPTION (len <= NBD_MAX_STRING). */
@@ -493,7 +493,7 @@ handshake_option_oversized(struct conn *c)
    * closes once the reply is out, as after ABORT. */
   c->state = CS_CLOSING;
   c->dst = NULL;
-  return handshake_flush(c) < 0 ? -1 : 0;
+  return handshake_flush(c) == HS_CLOSE ? -1 : 0;
 }
 
 int
@@ -576,5 +576,5 @@ handshake_option(struct conn *c)
     conn_expect(c, CS_OPT_HDR, c->msg, NBD_OPT_HDR_LEN);
   if (c->state == CS_CLOSING)
     c->dst = NULL;
-  return handshake_flush(c) < 0 ? -1 : 0;
+  return handshake_flush(c) == HS_CLOSE ? -1 : 0;
 }

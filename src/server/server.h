@@ -333,12 +333,20 @@ int handshake_flags(struct conn *c);
 int handshake_option_oversized(struct conn *c);
 /* Appends to the handshake output. */
 void handshake_queue(struct conn *c, const void *p, size_t len);
-/* Sends what is queued without blocking: 1 when everything left, 0 when
- * the rest waits for EPOLLOUT, -1 on error. */
-int handshake_flush(struct conn *c);
-/* Drives the TLS handshake after STARTTLS: 1 when it is complete, 0 while
- * it waits for the socket, -1 when it failed (logged; close). */
-int handshake_tls_step(struct conn *c);
+/* How far a handshake step that waits on the socket got. */
+enum hs_progress {
+  HS_CLOSE = -1, /* close the connection (a failure is logged) */
+  HS_WAIT = 0,   /* the rest waits for the socket */
+  HS_DONE = 1,
+};
+/* Sends what is queued without blocking: HS_DONE when everything left,
+ * HS_WAIT when the rest waits for EPOLLOUT, HS_CLOSE on error or once an
+ * ABORT's answer has left. */
+enum hs_progress handshake_flush(struct conn *c);
+/* Drives the TLS handshake after STARTTLS: HS_DONE when it is complete,
+ * HS_WAIT while it waits for the socket, HS_CLOSE when it failed
+ * (logged; close). */
+enum hs_progress handshake_tls_step(struct conn *c);
 
 /* transmission.c */
 /* A request header was read into c->dst. Returns 0, or -1 to close. */

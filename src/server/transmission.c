@@ -506,10 +506,17 @@ req_run(struct work *w)
 
 /* ---- sending ---- */
 
-/* Hands the reply to the transport: 1 when the transport has taken all of
- * it (q's buffers are free again; the transport may still hold bytes for
- * its flush), 2 when it has taken the piece of a long READ that buf held
- * and the next must be read (part_left), 0 when the rest must wait,
+/* How far req_try_send got with a reply; a failure is -errno instead. */
+enum send_progress {
+  SEND_WAIT = 0,  /* the rest must wait for EPOLLOUT */
+  SEND_DONE = 1,  /* the transport has taken all of it: q's buffers are
+                   * free again (the transport may still hold bytes for
+                   * its flush) */
+  SEND_PIECE = 2, /* it has taken the piece of a long READ that buf held,
+                   * and the next must be read (part_left) */
+};
+
+/* Hands the reply to the transport: returns an enum send_progress, or
  * -errno on failure. flags: 0, or TRANSPORT_SEND_MORE when another reply
  * follows at once. Under c->lock. */
 static int
@@ -523,7 +530,7 @@ req_try_send(struct conn *c, struct req *q, int flags)
                : q->part_left > 0 ? 0 : flags;
     ssize_t n = c->t.ops->sendv(&c->t, q->iov_cur, q->iov_left, more);
     if (n == -EAGAIN)
-      return 0;
+      return SEND_WAIT;
     if (n < 0)
       return (int)n;
     q->iov_left = transport_iov_advance(&q->iov_cur, q->iov_left, (size_t)n);
@@ -538,7 +545,7 @@ req_try_send(struct conn *c, struct req *q, int flags)
         z.iov_len = sizeof req_zeroes;
       n = c->t.ops->sendv(&c->t, &z, 1, 0);
       if (n == -EAGAIN)
-        return 0;
+        return SEND_WAIT;
       if (n < 0)
         return (int)n;
     } else {
@@ -547,7 +554,7 @@ req_try_send(struct conn *c, struct req *q, int flags)
       if (n < 0 && errno == EINTR)
         continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-        return 0;
+        return SEND_WAIT;
       if (n < 0) {
         /* The header has promised the data: the stream cannot go on. A
          * client gone is said by whoever sees the send fail; a file
@@ -568,7 +575,8 @@ req_try_send(struct conn *c, struct req *q, int flags)
     q->file_off += (uint64_t)n;
     q->file_left -= (size_t)n;
   }
-  return q->r.type == NBD_CMD_READ && q->part_left > 0 ? 2 : 1;
+  return q->r.type == NBD_CMD_READ && q->part_left > 0 ? SEND_PIECE
+                                                         : SEND_DONE;
 }
 
 /* A request holding cost payload bytes fits beside what the requests in
@@ -661,8 +669,8 @@ req_send(struct req *q)
     return;
   }
   bool wait = !streamed && (c->sendq != NULL || c->streaming != NULL);
-  int r = wait ? 0 : req_try_send(c, q, 0);
-  if (r == 1 || r == 2) {
+  int r = wait ? SEND_WAIT : req_try_send(c, q, 0);
+  if (r == SEND_DONE || r == SEND_PIECE) {
     /* What the transport still holds (a TLS record the socket did not
      * take) goes on EPOLLOUT; the reply itself is done. */
     int f = c->t.ops->flush(&c->t);
@@ -673,17 +681,18 @@ req_send(struct req *q)
       c->send_failed = true;
     }
   }
-  bool finished = r == 1 || r < 0; /* a queued reply keeps its reference */
-  if (r == 2) {
+  /* A queued reply keeps its reference. */
+  bool finished = r == SEND_DONE || r < 0;
+  if (r == SEND_PIECE) {
     c->streaming = q; /* q keeps its reference */
     refill = true;
-  } else if (r == 1) {
+  } else if (r == SEND_DONE) {
     resume = req_finish_locked(c, q) || c->send_failed || resume;
     if (streamed && c->sendq && !c->want_out) {
       c->want_out = true; /* what waited behind it */
       resume = true;
     }
-  } else if (r == 0) {
+  } else if (r == SEND_WAIT) {
     if (streamed) {
       q->next = c->sendq;
       c->sendq = q;
@@ -736,7 +745,7 @@ transmission_flush(struct conn *c)
     /* Replies queued together leave together: only the last one
      * uncorks. */
     int r = req_try_send(c, q, q->next ? TRANSPORT_SEND_MORE : 0);
-    if (r == 0)
+    if (r == SEND_WAIT)
       break;
     if (r < 0) {
       ret = -1;
@@ -745,7 +754,7 @@ transmission_flush(struct conn *c)
     c->sendq = q->next;
     if (c->sendq == NULL)
       c->sendq_tail = NULL;
-    if (r == 2) {
+    if (r == SEND_PIECE) {
       c->streaming = refill = q;
       break;
     }
