@@ -21,7 +21,7 @@
 #include "net/loop.h"
 #include "fuzz.h"
 #include "util/log.h"
-#include "util/uri.h"
+#include "proto/nbd_uri.h"
 
 #define MAX_EXTENTS 64
 #define REPLY_MS 2000

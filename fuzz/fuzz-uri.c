@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "fuzz.h"
+#include "proto/nbd_uri.h"
 #include "util/uri.h"
 
 static void

@@ -22,7 +22,7 @@
 #include "util/size.h"
 #include "util/fileio.h"
 #include "util/text.h"
-#include "util/uri.h"
+#include "proto/nbd_uri.h"
 
 struct info_args {
   /* Where the report goes until it is complete: a spool file, copied to

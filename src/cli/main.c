@@ -8,7 +8,7 @@
 
 #include "cli/cmd.h"
 #include "util/log.h"
-#include "util/uri.h"
+#include "proto/nbd_uri.h"
 
 struct command {
   const char *name;

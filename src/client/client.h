@@ -35,7 +35,7 @@
 #include "net/tls.h"
 #include "net/transport.h"
 #include "proto/nbd.h"
-#include "util/uri.h"
+#include "proto/nbd_uri.h"
 
 /* Per-connection limits on what the server may make us read. */
 /* Descriptors per status chunk: "SHOULD NOT send more than 2^20"

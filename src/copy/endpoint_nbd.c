@@ -19,7 +19,7 @@
 #include "net/tcpinfo.h"
 #include "proto/nbd.h"
 #include "util/log.h"
-#include "util/uri.h"
+#include "proto/nbd_uri.h"
 
 static void
 nbd_update_interest(struct nbd_slot *s)

@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-#include "util/uri.h"
+#include "proto/nbd_uri.h"
 
 static bool
 has_prefix(const char *s, const char *p)

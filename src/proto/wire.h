@@ -3,7 +3,7 @@
  * Pure functions: no I/O, no allocation. Decoders never trust a length from
  * the wire: each takes the number of bytes available and says how many it
  * needs. Every parser of peer bytes in the project lives here (and in
- * util/uri.c) so that one fuzz harness per parser covers it; so does every
+ * nbd_uri.c) so that one fuzz harness per parser covers it; so does every
  * encoder of NBD's byte layouts, so that no other module spells one. */
 #ifndef NBDFLOW_PROTO_WIRE_H
 #define NBDFLOW_PROTO_WIRE_H

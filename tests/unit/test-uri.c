@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "proto/nbd_uri.h"
 #include "util/uri.h"
 
 static int failures;
