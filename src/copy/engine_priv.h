@@ -148,6 +148,7 @@ struct engine {
   uint64_t t_reply_us[2]; /* last reply of each (start of the copy) */
   uint64_t t_ext_us, t_flush_us; /* submission of ext_op, flush_op */
   uint64_t t_last_watch_us;
+  uint64_t t_watch_call_us; /* the watchdog's last call: a deaf loop */
   bool abandoned;         /* stopped waiting for a silent endpoint */
   uint64_t t_signal_us;   /* when a signal abandoned the run, else 0 */
 };

@@ -42,6 +42,10 @@ eng_op_name(enum ep_op_type t)
 }
 
 #define ENG_WATCH_US 190000 /* ~200 ms, tolerating tick jitter */
+/* Between two ticks (200 ms apart, 20 ms under --rate) a longer gap means
+ * the loop itself was deaf: busy hashing a long hole, or the process
+ * stopped or starved of CPU. */
+#define ENG_DEAF_US 1000000
 #define ENG_FLUSH_TIMEOUT_FACTOR 10 /* a FLUSH gets 10 x --timeout */
 
 /* --timeout: fails the copy with ETIMEDOUT when an NBD endpoint with
@@ -56,8 +60,21 @@ eng_watchdog(struct engine *e)
 {
   uint64_t now = loop_now_us();
   uint64_t limit = (uint64_t)e->o->timeout_s * 1000000;
-  if (limit == 0 || e->abandoned || e->finished ||
-      now - e->t_last_watch_us < ENG_WATCH_US)
+  if (limit == 0 || e->abandoned || e->finished)
+    return;
+  /* While the loop was deaf, replies waited in the socket unread: that
+   * time is not the server's silence. It is credited to each endpoint,
+   * and the judging waits for a tick after the replies have been read. */
+  uint64_t gap = e->t_watch_call_us ? now - e->t_watch_call_us : 0;
+  e->t_watch_call_us = now;
+  if (gap > ENG_DEAF_US) {
+    for (int i = 0; i < 2; i++)
+      e->t_reply_us[i] = e->t_reply_us[i] + gap < now ? e->t_reply_us[i] + gap
+                                                      : now;
+    e->t_last_watch_us = now;
+    return;
+  }
+  if (now - e->t_last_watch_us < ENG_WATCH_US)
     return;
   e->t_last_watch_us = now;
   bool suspect = false;

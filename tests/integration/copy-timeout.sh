@@ -148,4 +148,30 @@ for args in "copy --timeout x $TMP/src.img null:" \
         fail "$args: $(cat "$TMP/err")"
 done
 note "ok: bad --timeout values refused"
+
+# A process that could not listen (stopped here; busy hashing a long hole
+# or starved of CPU elsewhere) left its replies unread in the socket: that
+# time is not the server's silence, and --timeout 2 must not fire after 4 s
+# stopped with reads in flight. The digest is checked against the pattern's.
+kit "$TMP/paused.sock" --filter=log --filter=delay pattern 32M \
+    delay-read=500ms logfile="$TMP/paused.log"
+"$NBDFLOW" sum --algo sha256 --timeout 2 "$(uri "$TMP/paused.sock")" \
+    >"$TMP/out" 2>"$TMP/err" &
+pid=$!
+wait_for grep -q " Read id=" "$TMP/paused.log"
+kill -STOP "$pid"
+sleep 4
+kill -CONT "$pid"
+rc=0
+wait "$pid" || rc=$?
+[ "$rc" = 0 ] || fail "stopped 4 s with --timeout 2: exit $rc: $(cat "$TMP/err")"
+want=$(python3 -c 'import hashlib, struct
+h = hashlib.sha256()
+for o in range(0, 32 << 20, 1 << 20):
+    h.update(b"".join(struct.pack(">Q", o + i) for i in range(0, 1 << 20, 8)))
+print(h.hexdigest())')
+[ "$(cut -d' ' -f1 "$TMP/out")" = "$want" ] ||
+    fail "sum after a stop: $(cat "$TMP/out") != $want"
+kit_stop
+note "ok: 4 s stopped with reads in flight is no timeout"
 echo "PASS"
