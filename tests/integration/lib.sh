@@ -284,6 +284,24 @@ serve_stop () {
     note "ok: server $pid stopped cleanly"
 }
 
+# TEST_SLOW=N (tests/valgrind sets 10): every bound a test puts on a
+# command with timeout(1) stretches N times. Those bounds catch hangs, and
+# a process under valgrind runs 20 to 50 times slower; nothing a test
+# asserts about time uses timeout(1).
+if [ "${TEST_SLOW:-1}" != 1 ]; then
+    timeout () {
+        local a=()
+        while [ $# -gt 1 ] && [ "${1#-}" != "$1" ]; do
+            case $1 in -k | -s) a+=("$1" "$2"); shift 2 ;; *) a+=("$1"); shift ;; esac
+        done
+        case $1 in
+            *[!0-9]*) ;; # a fraction or a unit: left as it is
+            *) set -- $(($1 * TEST_SLOW)) "${@:2}" ;;
+        esac
+        command timeout "${a[@]}" "$@"
+    }
+fi
+
 # ---- Peer servers started by the tests themselves --------------------------
 
 # wait_for CMD...: polls CMD for up to TEST_WAIT seconds (10; tests/valgrind

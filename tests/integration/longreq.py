@@ -283,8 +283,13 @@ def main():
             unsized_go_client(host, port, name, data)
             sized_client(host, port, name, data)
             grown = vm_hwm_kib(pid) - base
-            ok(grown < 32 << 10, "server's peak memory grew %d KiB (< 32 "
-               "MiB)" % grown)
+            if os.environ.get("NBDFLOW_WRAPPER"):
+                # valgrind's shadow memory is in the same figure
+                print("skip: server's peak memory under a wrapper (%d KiB)"
+                      % grown)
+            else:
+                ok(grown < 32 << 10, "server's peak memory grew %d KiB "
+                   "(< 32 MiB)" % grown)
     except (Fail, EOFError, OSError, struct.error, ssl.SSLError) as e:
         print("FAIL: %s" % e)
         sys.exit(1)

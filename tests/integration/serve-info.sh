@@ -88,7 +88,11 @@ grep -q "writing the report: No space left on device" "$TMP/err" ||
     fail "info to a full stdout: $(cat "$TMP/err")"
 note "ok: info to a full stdout: $(cat "$TMP/err")"
 # The report is spooled in TMPDIR; without a usable one it is written as
-# it comes, with a warning naming the directory.
+# it comes, with a warning naming the directory. (Not under valgrind,
+# which cannot start without a usable TMPDIR itself.)
+if [ -n "${NBDFLOW_WRAPPER:-}" ]; then
+    note "skip: info without a spool directory (TMPDIR) under a wrapper"
+else
 TMPDIR=$TMP/none "$NBDFLOW" info --map "$URI/mem" >"$TMP/out" 2>"$TMP/err" ||
     fail "info --map without a spool directory: $(cat "$TMP/err")"
 grep -q "no spool file in $TMP/none" "$TMP/err" ||
@@ -96,5 +100,6 @@ grep -q "no spool file in $TMP/none" "$TMP/err" ||
 [ "$(awk '{print $1, $2}' "$TMP/out")" = "0 1048576" ] ||
     fail "info --map without a spool directory printed: $(cat "$TMP/out")"
 note "ok: info without a spool directory: $(cat "$TMP/err")"
+fi
 serve_stop
 echo "PASS: nbdinfo --json sizes and flags"
