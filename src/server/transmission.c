@@ -1,5 +1,10 @@
 /* transmission.c: requests and replies (§Transmission).
  *
+ * Over 1000 lines on purpose: it is one request's whole life (checks,
+ * dispatch, the backend call, the reply in each of the three reply forms,
+ * sending), and the steps share the request's states; the byte layouts
+ * are in proto/wire.c, the reading in conn.c.
+ *
  * A request's life: the loop reads and checks its header (and a WRITE's
  * payload), dispatches it to a worker, the worker runs it against the
  * backend and builds the reply in the request itself (headers in q->hdr,
