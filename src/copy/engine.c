@@ -886,7 +886,7 @@ copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
   st->src_connections = src->connections;
   st->dst_connections = dst ? dst->connections : 0;
   e->t_start_us = e->t_last_print_us = e->t_last_adapt_us = loop_now_us();
-  e->t_last_ckpt_us = e->t_start_us;
+  e->t_last_ckpt_us = e->t_watch_call_us = e->t_start_us;
   for (int i = 0; i < 2; i++) {
     const struct endpoint *ep = i == 0 ? src : dst;
     e->watched[i] = ep && strcmp(ep->ops->kind, "nbd") == 0;

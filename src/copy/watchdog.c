@@ -65,7 +65,8 @@ eng_watchdog(struct engine *e)
   /* While the loop was deaf, replies waited in the socket unread: that
    * time is not the server's silence. It is credited to each endpoint,
    * and the judging waits for a tick after the replies have been read. */
-  uint64_t gap = e->t_watch_call_us ? now - e->t_watch_call_us : 0;
+  uint64_t gap = now - e->t_watch_call_us; /* set at start: a stop before
+                                              * the first tick counts too */
   e->t_watch_call_us = now;
   if (gap > ENG_DEAF_US) {
     for (int i = 0; i < 2; i++)
