@@ -47,6 +47,7 @@ struct tls_session {
   size_t rec_max; /* plaintext per record, at most TLS_RECORD_MAX */
   gnutls_typed_vdata_st vdata[2]; /* what the peer's certificate is
                                      checked against (tls_verify_as) */
+  bool verify; /* the handshake checks the peer's certificate */
   /* Record buffer, owned by the session: plaintext of the record being
    * gathered or, when pending is set, of the record GnuTLS has encrypted
    * and needs gnutls_record_send to be repeated for. */
@@ -229,6 +230,7 @@ tls_verify_as(struct tls_session *ts, const char *purpose, const char *host)
     ts->vdata[n++] = (gnutls_typed_vdata_st){
       .type = GNUTLS_DT_DNS_HOSTNAME, .data = (unsigned char *)host };
   gnutls_session_set_verify_cert2(ts->s, ts->vdata, n, 0);
+  ts->verify = true;
 }
 
 /* Maps a fatal GnuTLS result to -errno. */
@@ -641,28 +643,48 @@ tls_handshake_step(struct transport *t, bool *want_write, char *err,
   }
 }
 
+int
+tls_params_get(const struct transport *t, struct tls_params *p)
+{
+  if (!tls_is_tls(t) || t->priv == NULL)
+    return -EINVAL;
+  const struct tls_session *ts = t->priv;
+  const char *ver = gnutls_protocol_get_name(gnutls_protocol_get_version(ts->s));
+  const char *cipher = gnutls_cipher_get_name(gnutls_cipher_get(ts->s));
+  p->version = ver ? ver : "?";
+  p->cipher = cipher ? cipher : "?";
+  switch (gnutls_auth_get_type(ts->s)) {
+  case GNUTLS_CRD_PSK:
+    p->auth = "psk";
+    break;
+  case GNUTLS_CRD_ANON:
+    p->auth = "anon";
+    break;
+  default:
+    /* A handshake that was told to verify (tls_verify_as) fails unless
+     * the peer's certificate passed. */
+    p->auth = ts->verify ? "x509-verified" : "x509";
+    break;
+  }
+  return 0;
+}
+
 void
 tls_describe(struct transport *t, char *buf, size_t len)
 {
-  struct tls_session *ts = t->priv;
-  const char *ver = gnutls_protocol_get_name(gnutls_protocol_get_version(ts->s));
-  const char *cipher = gnutls_cipher_get_name(gnutls_cipher_get(ts->s));
-  const char *who = "";
+  struct tls_params p;
   char user[160] = "";
-  if (gnutls_auth_get_type(ts->s) == GNUTLS_CRD_PSK) {
-    const char *u = ts->server ? gnutls_psk_server_get_username(ts->s) : NULL;
-    if (u) {
-      snprintf(user, sizeof user, ", PSK user \"%.100s\"", u);
-      who = user;
-    } else {
-      who = ", PSK";
-    }
-  } else if (gnutls_certificate_get_peers(ts->s, NULL)) {
-    who = ", peer certificate verified";
-  } else {
-    who = ", X.509";
+  if (tls_params_get(t, &p) < 0) {
+    snprintf(buf, len, "no TLS");
+    return;
   }
-  snprintf(buf, len, "%s %s%s", ver ? ver : "?", cipher ? cipher : "?", who);
+  const struct tls_session *ts = t->priv;
+  if (ts->server && strcmp(p.auth, "psk") == 0) {
+    const char *u = gnutls_psk_server_get_username(ts->s);
+    if (u)
+      snprintf(user, sizeof user, " user \"%.100s\"", u);
+  }
+  snprintf(buf, len, "%s %s, %s%s", p.version, p.cipher, p.auth, user);
 }
 
 /* ---- server side ---- */

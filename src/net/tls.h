@@ -89,8 +89,31 @@ int tls_server_start(struct transport *t, const struct tls_creds *creds,
 int tls_handshake_step(struct transport *t, bool *want_write, char *err,
                        size_t errlen);
 
-/* One line describing the session ("TLS1.3 AES-128-GCM, PSK user
- * \"alice\""), for logs. */
+/* What a session negotiated, for reports (copy --json, serve --stats).
+ * Every member is a static string, never NULL ("?" for a name GnuTLS
+ * does not know): the protocol version ("TLS1.3") and the cipher
+ * ("AES-128-GCM") as GnuTLS names them, and how this end knows its peer:
+ *   "psk"            both ends proved the same pre-shared key
+ *   "x509-verified"  this end checked the peer's certificate against its
+ *                    CA (a client with tls-verify-peer, a server with
+ *                    --tls-verify-peer)
+ *   "x509"           certificates, but this end checked none (a client
+ *                    with tls-verify-peer=0; a server that asked its
+ *                    client for none)
+ *   "anon"           anonymous Diffie-Hellman: no one is authenticated */
+struct tls_params {
+  const char *version;
+  const char *cipher;
+  const char *auth;
+};
+
+/* Fills p from t's session, whose handshake has completed. Returns 0, or
+ * -EINVAL (p untouched) when t is not a TLS transport. */
+int tls_params_get(const struct transport *t, struct tls_params *p);
+
+/* tls_params_get's fields as one line for logs, with a server's PSK
+ * user name, which comes from the peer and wants escaping: "TLS1.3
+ * AES-128-GCM, psk user \"alice\"", "TLS1.2 AES-256-GCM, x509". */
 void tls_describe(struct transport *t, char *buf, size_t len);
 
 /* True when t is a TLS transport. For logs and tests, not for protocol
