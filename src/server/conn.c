@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "net/sock.h"
+#include "net/tls.h"
 #include "util/log.h"
 
 void
@@ -107,18 +108,32 @@ sloop_uncount(struct sloop *sl)
   pthread_mutex_unlock(&sl->srv->lock);
 }
 
+/* --stats: a connection's summary as it closes: its TCP figures, and
+ * what its TLS session negotiated. Loop thread. */
+static void
+conn_log_stats(struct conn *c)
+{
+  char line[512];
+  if (c->is_tcp) {
+    tcpinfo_sample(&c->tcp, c->fd);
+    tcpinfo_format_line(&c->tcp, line, sizeof line);
+    log_info("%s: tcp: %s", c->peer, line);
+  }
+  if (c->tls) {
+    char esc[LOG_ESCAPE_BUF];
+    tls_describe(&c->t, line, sizeof line); /* holds the client's username */
+    log_info("%s: tls: %s", c->peer, log_escape(esc, line, strlen(line)));
+  }
+}
+
 void
 conn_close(struct conn *c, const char *why)
 {
   struct server *s = c->srv;
   if (why)
     log_warn("%s: %s; closing the connection", c->peer, why);
-  if (s->cfg.stats && c->is_tcp && !c->dead) {
-    char line[512];
-    tcpinfo_sample(&c->tcp, c->fd);
-    tcpinfo_format_line(&c->tcp, line, sizeof line);
-    log_info("%s: tcp: %s", c->peer, line);
-  }
+  if (s->cfg.stats && !c->dead)
+    conn_log_stats(c);
   pthread_mutex_lock(&c->lock);
   if (c->dead) {
     pthread_mutex_unlock(&c->lock);
