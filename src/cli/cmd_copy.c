@@ -672,6 +672,23 @@ copy_session_close(struct copy_session *s)
   loop_free(s->loop);
 }
 
+/* One side's "tls" in the report: null without TLS. */
+static void
+copy_json_tls(const struct copy_tls *t)
+{
+  if (!t->on) {
+    fputs("null", stdout);
+    return;
+  }
+  fputs("{\"version\": ", stdout);
+  text_json_str(stdout, t->p.version);
+  fputs(", \"cipher\": ", stdout);
+  text_json_str(stdout, t->p.cipher);
+  fputs(", \"auth\": ", stdout);
+  text_json_str(stdout, t->p.auth);
+  printf(", \"uniform\": %s}", t->uniform ? "true" : "false");
+}
+
 static void
 copy_report_json(const struct copy_args *a, const struct copy_stats *st,
                  bool verified)
@@ -695,7 +712,7 @@ copy_report_json(const struct copy_args *a, const struct copy_stats *st,
          "\"diagnostic\": {\"nagle\": %s, \"split_writes\": %s, "
          "\"max_requests\": %u}, \"reconnects\": %llu, "
          "\"bytes_resent\": %llu, \"bytes_resumed\": %llu, "
-         "\"rate_limit\": %llu%s%s%s%s}\n",
+         "\"rate_limit\": %llu, \"tls\": {\"source\": ",
          (unsigned long long)st->total,
          (unsigned long long)st->copied, (unsigned long long)st->zeroed,
          (unsigned long long)st->skipped, st->seconds, mibs,
@@ -708,7 +725,11 @@ copy_report_json(const struct copy_args *a, const struct copy_stats *st,
          a->nagle ? "true" : "false", a->split_writes ? "true" : "false",
          a->o.max_requests, (unsigned long long)st->reconnects,
          (unsigned long long)st->resent, (unsigned long long)st->resumed,
-         (unsigned long long)a->o.rate,
+         (unsigned long long)a->o.rate);
+  copy_json_tls(&st->src_tls);
+  fputs(", \"destination\": ", stdout);
+  copy_json_tls(&st->dst_tls);
+  printf("}%s%s%s%s}\n",
          st->tcp_json[0] ? ", \"tcp\": " : "",
          st->tcp_json,
          st->tcp_json_each[0] ? ", \"tcp_per_connection\": " : "",

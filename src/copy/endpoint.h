@@ -134,6 +134,11 @@ struct endpoint_ops {
    * array in connection order; connections that do not fit in buf are
    * left out. Returns 0, or -1 when there is nothing to report. */
   int (*tcp_json_each)(struct endpoint *e, char *buf, size_t len);
+  /* Optional, loop thread: what TLS the first connection negotiated
+   * (net/tls.h), and in *uniform whether every other connection that
+   * joined negotiated the same. Returns 0, or -1 when the endpoint runs
+   * without TLS. */
+  int (*tls)(struct endpoint *e, struct tls_params *out, bool *uniform);
   /* Optional, loop thread, about every 200 ms: takes one TCP_INFO sample
    * of every TCP connection and returns the share of all samples so far
    * that stalled, in percent, with the sample count in *samples; -1 when

@@ -28,6 +28,7 @@
 #include "copy/endpoint.h"
 #include "net/sock.h"
 #include "net/tcpinfo.h"
+#include "net/tls.h"
 #include "proto/chunked.h"
 #include "proto/http.h"
 
@@ -257,12 +258,22 @@ chunked_tcp_json(struct endpoint *e, char *buf, size_t len)
   return tcpinfo_format_json(&p->ti, buf, len) < 0 ? -1 : 0;
 }
 
+/* An https URL's session: the one connection. */
+static int
+chunked_tls(struct endpoint *e, struct tls_params *out, bool *uniform)
+{
+  struct chunked_priv *p = e->priv;
+  *uniform = true;
+  return tls_params_get(&p->conn.tp, out) < 0 ? -1 : 0;
+}
+
 static const struct endpoint_ops chunked_ops = {
   .kind = "chunked",
   .submit = chunked_submit,
   .close = chunked_close,
   .sample_rtt = chunked_sample_rtt,
   .tcp_json = chunked_tcp_json,
+  .tls = chunked_tls,
   .sample_tcp = chunked_sample_tcp,
 };
 

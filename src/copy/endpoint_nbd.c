@@ -17,6 +17,7 @@
 #include "net/loop.h"
 #include "net/sock.h"
 #include "net/tcpinfo.h"
+#include "net/tls.h"
 #include "proto/nbd.h"
 #include "util/log.h"
 #include "proto/nbd_uri.h"
@@ -489,6 +490,30 @@ nbd_tcp_json_each(struct endpoint *e, char *buf, size_t len)
   return n ? 0 : -1;
 }
 
+static bool
+nbd_tls_same(const struct tls_params *a, const struct tls_params *b)
+{
+  return strcmp(a->version, b->version) == 0 &&
+         strcmp(a->cipher, b->cipher) == 0 && strcmp(a->auth, b->auth) == 0;
+}
+
+/* The first connection's TLS; every connection that joined is compared
+ * with it. A server ought to negotiate the same each time, but nothing
+ * makes it. */
+static int
+nbd_tls(struct endpoint *e, struct tls_params *out, bool *uniform)
+{
+  struct nbd_priv *p = e->priv;
+  if (!p->slots[0].has_tls)
+    return -1;
+  *out = p->slots[0].tls;
+  *uniform = true;
+  for (unsigned i = 1; i < p->started; i++)
+    if (p->slots[i].has_tls && !nbd_tls_same(out, &p->slots[i].tls))
+      *uniform = false;
+  return 0;
+}
+
 /* Starts connections until each carries at most conn_bytes of the
  * window: past that, the window waits in our queues instead of on the
  * wire. Only with the automatic count over TCP (conn_bytes set). */
@@ -515,6 +540,7 @@ static const struct endpoint_ops nbd_ops = {
   .sample_rtt = nbd_sample_rtt,
   .tcp_json = nbd_tcp_json,
   .tcp_json_each = nbd_tcp_json_each,
+  .tls = nbd_tls,
   .sample_tcp = nbd_sample_tcp,
   .fit_window = nbd_fit_window,
   .tick = ep_nbd_tick,
@@ -577,6 +603,7 @@ ep_nbd_register(struct endpoint *e, struct nbd_slot *s)
   s->registered = true;
   s->live = true;
   s->tcp = sock_is_tcp(s->c.fd);
+  s->has_tls = tls_params_get(&s->c.tp, &s->tls) == 0;
   tcpinfo_init(&s->ti);
   if (s->tcp)
     tcpinfo_sample(&s->ti, s->c.fd); /* baseline for the counters */

@@ -21,6 +21,7 @@
 #include "client/client.h"
 #include "copy/endpoint.h"
 #include "net/tcpinfo.h"
+#include "net/tls.h"
 #include "util/uri.h"
 
 #define NBD_STATUS_BATCH 1024
@@ -35,6 +36,9 @@ struct nbd_slot {
   bool want_out; /* EPOLLOUT currently requested */
   bool tcp;
   struct tcpinfo_stats ti; /* sampled on the loop thread */
+  bool has_tls;            /* tls holds what the connection negotiated */
+  struct tls_params tls;   /* taken when it joins the loop (static strings,
+                              so it outlives the session) */
 };
 
 struct nbd_priv {

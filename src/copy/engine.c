@@ -842,6 +842,14 @@ eng_teardown(struct engine *e)
     XXH3_freeState(e->chunk_state);
 }
 
+/* What TLS ep (NULL: none) negotiated, for the report. */
+static void
+eng_tls(struct endpoint *ep, struct copy_tls *t)
+{
+  memset(t, 0, sizeof *t);
+  t->on = ep && ep->ops->tls && ep->ops->tls(ep, &t->p, &t->uniform) == 0;
+}
+
 int
 copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
          const struct copy_opts *o, struct copy_stats *st, char *err,
@@ -944,6 +952,8 @@ copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
       nbd->ops->tcp_json_each(nbd, st->tcp_json_each,
                               sizeof st->tcp_json_each) < 0)
     st->tcp_json_each[0] = '\0';
+  eng_tls(src, &st->src_tls);
+  eng_tls(dst, &st->dst_tls);
   r = e->failed ? -e->failed : 0;
   eng_teardown(e);
   free(e);

@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "copy/endpoint.h"
+#include "net/tls.h"
 #include "util/hash.h"
 
 /* Defaults and limits (documented in docs/copy.md). */
@@ -130,6 +131,13 @@ struct copy_stats {
    * ENDPOINT_MAX_CONNECTIONS entries of about 750 bytes */
   char tcp_json_each[24576];
   double stall_pct;       /* of the NBD side's samples; -1 without TCP */
+  /* What TLS each side negotiated (endpoint_ops.tls), as the copy
+   * ended: on is false for a side without TLS. */
+  struct copy_tls {
+    bool on;
+    bool uniform;        /* every connection of the side agreed */
+    struct tls_params p; /* the first connection's; static strings */
+  } src_tls, dst_tls;
 };
 
 /* Copies src to dst (dst NULL: read and hash only). Returns 0, or -errno
