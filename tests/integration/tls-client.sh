@@ -3,6 +3,12 @@
 # info` against our server, qemu-nbd (tls-creds objects) and nbdkit
 # (--tls=require), with X.509 and PSK, and anonymous TLS (tls-type=anon)
 # against qemu-nbd, every copy verified byte for byte.
+# What each copy negotiated: its --json names it (tls.source or
+# .destination; the other side null), the same both ways, with the
+# authentication that was used (psk, x509-verified, x509 when the server
+# was not checked, anon in TLS 1.2); our server's --stats logs the same
+# version and cipher for each of the copy's connections, over TCP and a
+# Unix socket, with its own view of the authentication.
 # Then the no-downgrade rule: an nbds URI never continues in clear, whether
 # the server refuses STARTTLS, is oldstyle, or is newstyle without the
 # fixed flag; bad credentials give a clear error; and TLS parameters in a
@@ -21,15 +27,66 @@ psk_make "$TMP/wrong.psk" alice
 MIB=24
 for i in 1 2 3 4 5 6 7 8 9; do make_random "$TMP/src$i.img" "$MIB"; done
 
-# copy_both N URI DSTFILE: uploads srcN to URI (whose export is DSTFILE),
-# downloads it back, and compares both ways.
+# tls_of JSON SIDE: the "tls" of SIDE (source or destination) in the
+# copy --json report in file JSON: "VERSION CIPHER AUTH UNIFORM", or null.
+tls_of () {
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))["tls"][sys.argv[2]]
+print("null" if t is None else
+      "%s %s %s %s" % (t["version"], t["cipher"], t["auth"], t["uniform"]))
+PY
+}
+
+# check_tls JSON SIDE AUTH: the report in file JSON names TLS with AUTH on
+# SIDE, every connection alike, and none on the other side. Sets TLS_VC
+# to "VERSION CIPHER".
+check_tls () {
+    local json=$1 side=$2 auth=$3 other=source got
+    [ "$side" = source ] && other=destination
+    got=$(tls_of "$json" "$side") || fail "no tls in $(cat "$json")"
+    [ "$(tls_of "$json" "$other")" = null ] ||
+        fail "TLS reported on the $other side: $(cat "$json")"
+    [[ $got =~ ^TLS1\.[23]\ [A-Z0-9-]+\ $auth\ True$ ]] ||
+        fail "the $side's TLS is '$got', expected $auth: $(cat "$json")"
+    TLS_VC=${got% * *}
+}
+
+# copy_both N URI DSTFILE AUTH: uploads srcN to URI (whose export is
+# DSTFILE), downloads it back, and compares both ways; both reports name
+# TLS with AUTH, the same version and cipher (in TLS_VC).
 copy_both () {
-    local n=$1 uri=$2 dst=$3
-    check "nbdflow copy upload ($uri)" "$NBDFLOW" copy "$TMP/src$n.img" "$uri"
+    local n=$1 uri=$2 dst=$3 auth=$4 up
+    "$NBDFLOW" copy --json "$TMP/src$n.img" "$uri" >"$TMP/up.json" ||
+        fail "nbdflow copy upload ($uri)"
+    note "ok: nbdflow copy upload ($uri)"
     same "$TMP/src$n.img" "$dst"
+    check_tls "$TMP/up.json" destination "$auth"
+    up=$TLS_VC
     rm -f "$TMP/back.img"
-    check "nbdflow copy download ($uri)" "$NBDFLOW" copy "$uri" "$TMP/back.img"
+    "$NBDFLOW" copy --json "$uri" "$TMP/back.img" >"$TMP/down.json" ||
+        fail "nbdflow copy download ($uri)"
+    note "ok: nbdflow copy download ($uri)"
     same "$TMP/src$n.img" "$TMP/back.img"
+    check_tls "$TMP/down.json" source "$auth"
+    [ "$TLS_VC" = "$up" ] ||
+        fail "upload negotiated $up, download $TLS_VC ($uri)"
+    note "ok: $TLS_VC, $auth, both ways"
+}
+
+# stats_tls N WANT: our server's --stats has logged, since the last call
+# (or since STATS_SEEN was set), N lines "PEER: tls: WANT", one for each
+# connection of the command that ran, and no other.
+STATS_SEEN=0
+stats_tls () {
+    local n=$1 want=$2 got
+    server_logged_tls () { [ "$(grep -c ': tls: ' "$SERVER_LOG")" -ge $((STATS_SEEN + n)) ]; }
+    wait_for server_logged_tls
+    got=$(grep ': tls: ' "$SERVER_LOG" | tail -n +$((STATS_SEEN + 1)))
+    STATS_SEEN=$((STATS_SEEN + n))
+    [ "$(grep -c . <<<"$got")" = "$n" ] && ! grep -vqF ": tls: $want" <<<"$got" ||
+        fail "the server logged, for $n connections of '$want': $got"
+    note "ok: the server logged $n x '$want'"
 }
 
 # ---- our server ----
@@ -41,9 +98,9 @@ grep -q "with TLS" <<<"$out" || fail "nbdflow info did not report TLS: $out"
 out=$("$NBDFLOW" info --json "nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/pki" 2>&1) ||
     fail "nbdflow info --json over X.509: $out"
 grep -q '"TLS": true' <<<"$out" || fail "info --json did not report TLS: $out"
-copy_both 1 "nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/pki" "$TMP/dst.img"
-copy_both 2 "nbds://localhost:$PORT/?tls-certificates=$TMP/pki" "$TMP/dst.img"
-copy_both 3 "nbds://alice@127.0.0.1:$PORT/?tls-psk-file=$TMP/psk/keys.psk" "$TMP/dst.img"
+copy_both 1 "nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/pki" "$TMP/dst.img" x509-verified
+copy_both 2 "nbds://localhost:$PORT/?tls-certificates=$TMP/pki" "$TMP/dst.img" x509-verified
+copy_both 3 "nbds://alice@127.0.0.1:$PORT/?tls-psk-file=$TMP/psk/keys.psk" "$TMP/dst.img" psk
 # Credentials load once per command, before the first connection, and
 # every connection shares them: nbdflow info (one connection), info --list
 # (a listing connection, then one for the export) and a copy over C
@@ -126,6 +183,28 @@ info_fails "nbds://127.0.0.1:$nport/?tls-certificates=$TMP/nokey" \
 server_alive || fail "server died"
 serve_stop
 
+# Both ends name the same session: the copy in its --json, our server
+# with --stats for each of the copy's two connections (-C 2). The server
+# checks no client certificate (x509) and knows the PSK client's user.
+serve_tcp --stats --tls=require --tls-certs "$TMP/pki" \
+    --tls-psk "$TMP/psk/keys.psk" "$TMP/dst.img"
+U="nbds://alice@127.0.0.1:$PORT/?tls-psk-file=$TMP/psk/keys.psk"
+"$NBDFLOW" copy --json -C 2 "$TMP/src2.img" "$U" >"$TMP/c2.json" ||
+    fail "copy -C 2 over PSK"
+note "ok: copy -C 2 over PSK"
+same "$TMP/src2.img" "$TMP/dst.img"
+check_tls "$TMP/c2.json" destination psk
+stats_tls 2 "$TLS_VC, psk user \"alice\""
+U="nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/foreign&tls-verify-peer=0"
+rm -f "$TMP/back.img"
+"$NBDFLOW" copy --json -C 2 "$U" "$TMP/back.img" >"$TMP/c2.json" ||
+    fail "copy -C 2, the server's certificate unchecked"
+note "ok: copy -C 2, the server's certificate unchecked"
+same "$TMP/src2.img" "$TMP/back.img"
+check_tls "$TMP/c2.json" source x509
+stats_tls 2 "$TLS_VC, x509"
+serve_stop
+
 # A certificate the CA issued to a client cannot pose as a server's, even
 # where no host name is checked (a Unix socket without tls-hostname).
 mkdir -p "$TMP/imposter"
@@ -137,9 +216,11 @@ serve_start --unix "$SOCK" --tls=require --tls-certs "$TMP/imposter" "$TMP/dst.i
 info_fails "nbds+unix:///?socket=$SOCK&tls-certificates=$TMP/pki" \
     "does not match the intended purpose"
 serve_stop
-serve_start --unix "$SOCK" --tls=require --tls-certs "$TMP/pki" "$TMP/dst.img"
+serve_start --unix "$SOCK" --stats --tls=require --tls-certs "$TMP/pki" "$TMP/dst.img"
 out=$("$NBDFLOW" info "nbds+unix:///?socket=$SOCK&tls-certificates=$TMP/pki" 2>&1) ||
     fail "a server certificate over a Unix socket: $out"
+STATS_SEEN=0
+stats_tls 1 "$TLS_VC, x509" # the version and cipher of the copies above
 serve_stop
 note "ok: a client's certificate is refused as a server's"
 
@@ -148,7 +229,7 @@ note "ok: a client's certificate is refused as a server's"
 # the handshake is over, and the error names it instead of "Protocol error".
 mkdir -p "$TMP/caonly"
 cp "$TMP/pki/ca-cert.pem" "$TMP/caonly/"
-serve_tcp --tls=require --tls-certs "$TMP/pki" --tls-verify-peer "$TMP/dst.img"
+serve_tcp --stats --tls=require --tls-certs "$TMP/pki" --tls-verify-peer "$TMP/dst.img"
 info_fails "nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/caonly" \
     "the server ended the TLS session with a fatal alert: Certificate is required"
 rc=0
@@ -158,6 +239,8 @@ rc=0
     fail "copy without a client certificate (rc $rc): $(cat "$TMP/out")"
 info_ok=$("$NBDFLOW" info "nbds://127.0.0.1:$PORT/?tls-certificates=$TMP/pki" 2>&1) ||
     fail "with its certificate the client was refused: $info_ok"
+STATS_SEEN=0 # the refused ones never finished their handshake
+stats_tls 1 "$TLS_VC, x509-verified"
 serve_stop
 note "ok: a refused client certificate is named as the server's alert"
 
@@ -185,7 +268,12 @@ if command -v qemu-nbd >/dev/null 2>&1; then
             sleep 0.1
         done
         grep -q "with TLS" "$TMP/out" || fail "qemu-nbd, $kind: $(cat "$TMP/out")"
-        copy_both $n "nbds://${user}127.0.0.1:$qport/$q" "$TMP/q.img"
+        auth=$kind
+        [ $kind = x509 ] && auth=x509-verified
+        copy_both $n "nbds://${user}127.0.0.1:$qport/$q" "$TMP/q.img" $auth
+        # Anonymous key exchange exists in TLS 1.2 only.
+        [ $kind != anon ] || [ "${TLS_VC%% *}" = TLS1.2 ] ||
+            fail "anonymous TLS reported as $TLS_VC"
         kill "$qpid"; wait "$qpid" 2>/dev/null
     done
 else
@@ -207,7 +295,9 @@ if command -v nbdkit >/dev/null 2>&1; then
         kpid=$!
         SERVER_PIDS+=("$kpid")
         for ((i = 0; i < 100; i++)); do [ -s "$TMP/nbdkit.pid" ] && break; sleep 0.1; done
-        copy_both $n "nbds://${user}127.0.0.1:$kport/$q" "$TMP/k.img"
+        auth=$kind
+        [ $kind = x509 ] && auth=x509-verified
+        copy_both $n "nbds://${user}127.0.0.1:$kport/$q" "$TMP/k.img" $auth
         # The unix flavour of the URI, too.
         kill "$kpid"; wait "$kpid" 2>/dev/null; rm -f "$TMP/nbdkit.pid"
     done
@@ -217,7 +307,7 @@ if command -v nbdkit >/dev/null 2>&1; then
     kpid=$!
     SERVER_PIDS+=("$kpid")
     for ((i = 0; i < 100; i++)); do [ -s "$TMP/nbdkit.pid" ] && break; sleep 0.1; done
-    copy_both 8 "nbds+unix://alice@/?socket=$sock&tls-psk-file=$TMP/psk/keys.psk" "$TMP/k.img"
+    copy_both 8 "nbds+unix://alice@/?socket=$sock&tls-psk-file=$TMP/psk/keys.psk" "$TMP/k.img" psk
     kill "$kpid"; wait "$kpid" 2>/dev/null; rm -f "$TMP/nbdkit.pid"
 else
     note "SKIPPED PART: nbdkit not installed (Debian package: nbdkit)"

@@ -11,7 +11,11 @@
 # is the one named; CBC suites alone a usage error), with the CA from
 # NBDFLOW_TLS_CERTIFICATES and http made https by -encryption-mode
 # always; copy --tls-priority applied (CBC only meets no cipher of the
-# server) and a bad one named. Every copy verified.
+# server) and a bad one named; the cipher it leaves named by copy --json
+# (ChaCha20 in TLS 1.2 for a Chunked body, AES-256-GCM in TLS 1.3 for NBD
+# inside HTTPS, with x509 or x509-verified as the server's certificate
+# was checked or not) and by the server (-v for the HTTPS session,
+# --stats for each NBD connection in it). Every copy verified.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/tls-pki.inc"
@@ -23,8 +27,8 @@ pki_dir "$TMP/ca2" "$TMP/foreign"
 make_random "$TMP/src.img" 6
 truncate -s 6M "$TMP/exp.img"
 HPORT=$(free_port)
-serve_tcp -v --tls=require --tls-certs "$TMP/pki" --http "127.0.0.1:$HPORT" \
-    "disk=$TMP/exp.img"
+serve_tcp -v --stats --tls=require --tls-certs "$TMP/pki" \
+    --http "127.0.0.1:$HPORT" "disk=$TMP/exp.img"
 url="https://localhost:$HPORT/import_raw_vdi?vdi=disk&format=raw"
 check "copy -> https, checked against the CA" \
     "$NBDFLOW" copy --tls-certificates "$TMP/pki" "$TMP/src.img" "$url"
@@ -87,10 +91,49 @@ rc=0
 [ "$rc" != 0 ] && grep -q 'NOT-A-PRIORITY' "$TMP/err" ||
     fail "a bad priority string: status $rc: $(cat "$TMP/err")"
 
+# tls_of JSON: the destination's "tls" in the copy --json report in file
+# JSON: "VERSION CIPHER AUTH UNIFORM", or null.
+tls_of () {
+    python3 - "$1" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))["tls"]["destination"]
+print("null" if t is None else
+      "%s %s %s %s" % (t["version"], t["cipher"], t["auth"], t["uniform"]))
+PY
+}
+# The report names the cipher --tls-priority leaves, not ours: ChaCha20,
+# which our priority puts after both AES-GCM, in TLS 1.2.
+truncate -s 0 "$TMP/exp.img"
+truncate -s 6M "$TMP/exp.img"
+"$NBDFLOW" copy --json --tls-verify-peer false --tls-priority \
+    "NORMAL:-VERS-ALL:+VERS-TLS1.2:-CIPHER-ALL:+CHACHA20-POLY1305" \
+    "$TMP/src.img" "https://127.0.0.1:$HPORT/import_raw_vdi?vdi=disk&format=raw" \
+    >"$TMP/chacha.json" || fail "copy -> https with ChaCha20 alone"
+flushed4 () { [ "$(grep -c 'chunked into "disk".*flushed' "$SERVER_LOG")" = 4 ]; }
+wait_for flushed4
+same "$TMP/src.img" "$TMP/exp.img"
+got=$(tls_of "$TMP/chacha.json")
+[ "$got" = "TLS1.2 CHACHA20-POLY1305 x509 True" ] ||
+    fail "a ChaCha20-only Chunked upload reported '$got': $(cat "$TMP/chacha.json")"
+grep 'https: TLS established' "$SERVER_LOG" | tail -n 1 |
+    grep -qF "TLS1.2 CHACHA20-POLY1305, x509" ||
+    fail "the server saw: $(grep 'TLS established' "$SERVER_LOG" | tail -n 1)"
+note "ok: copy --json and the server name $got"
+
 make_random "$TMP/src2.img" 6
-check "copy -> https, NBD inside the HTTPS session, 2 connections" \
-    "$NBDFLOW" copy -C 2 --tls-certificates "$TMP/pki" \
-    "$TMP/src2.img" "https://localhost:$HPORT/nbd/disk"
+"$NBDFLOW" copy --json -C 2 --tls-certificates "$TMP/pki" --tls-priority \
+    "NORMAL:-VERS-ALL:+VERS-TLS1.3:-CIPHER-ALL:+AES-256-GCM" \
+    "$TMP/src2.img" "https://localhost:$HPORT/nbd/disk" >"$TMP/nbd.json" ||
+    fail "copy -> https, NBD inside the HTTPS session, 2 connections"
+note "ok: copy -> https, NBD inside the HTTPS session, 2 connections"
 serve_stop
 same "$TMP/src2.img" "$TMP/exp.img"
+got=$(tls_of "$TMP/nbd.json")
+[ "$got" = "TLS1.3 AES-256-GCM x509-verified True" ] ||
+    fail "NBD inside HTTPS with AES-256-GCM alone reported '$got': $(cat "$TMP/nbd.json")"
+# Each NBD connection, adopted with its HTTPS session, in --stats.
+[ "$(grep -c ': tls: ' "$SERVER_LOG")" = 2 ] &&
+    [ "$(grep -c ': tls: TLS1.3 AES-256-GCM, x509$' "$SERVER_LOG")" = 2 ] ||
+    fail "the server's --stats: $(grep ': tls: ' "$SERVER_LOG")"
+note "ok: copy --json and the server's --stats name $got"
 note "ok: https uploads"
