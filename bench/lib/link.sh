@@ -131,6 +131,23 @@ print(";".join("%s=%s" % (k, v) for k, v in kv.items() if v is not None))
 PY
 }
 
+# copy_json_tls LOG: the TLS the --json report in LOG names for its
+# destination, as VERSION/CIPHER/AUTH (with /mixed when its connections
+# differed); nothing without TLS or a report.
+copy_json_tls() {
+  python3 - "$1" <<'PY'
+import json, sys
+t = None
+for line in open(sys.argv[1], errors="replace"):
+    line = line.strip()
+    if line.startswith("{") and '"bytes_total"' in line:
+        t = (json.loads(line).get("tls") or {}).get("destination")
+if t:
+    print("/".join([t["version"], t["cipher"], t["auth"]] +
+                   ([] if t["uniform"] else ["mixed"])))
+PY
+}
+
 # link_copy SECTION WORKLOAD ARM SERVER RUN SRC SUM EXPSIZE CMD...: one
 # timed copy over the link into a fresh memory export, verified by
 # checksum read back inside namespace B. RUN 0 is a warm-up.
@@ -383,11 +400,12 @@ tls_server_start() {
 
 # tls_copy CLIENT SERVER AUTH RUN SRC DST: one timed copy, verified by
 # comparing DST with SRC after the server stopped. Records client and
-# server CPU seconds (extra: srv_cpu).
+# server CPU seconds (extra: srv_cpu) and, for nbdflow copy, the TLS its
+# --json names (extra: tls, VERSION/CIPHER/AUTH).
 tls_copy() {
   local cl=$1 srv=$2 auth=$3 run=$4 src=$5 dst=$6
   local log=$RAW/logs/tls-$cl-$srv-$auth-$run.log tf=$W/run/time.out
-  local rc t0 t1 secs status=ok note="" rss="" usr="" sys="" scpu size
+  local rc t0 t1 secs status=ok note="" rss="" usr="" sys="" scpu size tls
   local -a cmd
   size=$(stat -c %s "$src")
   python3 "$LIB/images.py" reset "$dst" "$size" ||
@@ -400,8 +418,8 @@ tls_copy() {
     nbdflow-copy)
       # The plaintext reference takes the buffer path, like TLS does, so
       # the ratio shows what encryption costs.
-      cmd=("$NBDFLOW" copy "$src" "$TLS_URI")
-      [ "$auth" = plain ] && cmd=("$NBDFLOW" copy --no-zero-copy "$src" "$TLS_URI") ;;
+      cmd=("$NBDFLOW" copy --json "$src" "$TLS_URI")
+      [ "$auth" = plain ] && cmd=("$NBDFLOW" copy --json --no-zero-copy "$src" "$TLS_URI") ;;
     nbdcopy) cmd=(nbdcopy "$src" "$TLS_URI") ;;
     qemu-img)
       local obj
@@ -428,8 +446,9 @@ tls_copy() {
     status=fail note="verification failed"
   fi
   [ "$run" = 0 ] && return
+  [ "$cl" = nbdflow-copy ] && tls=$(copy_json_tls "$log")
   record tls "$auth" "$cl" "$srv" tcp "$run" "$status" "$secs" "$size" \
-    "$rss" "$usr" "$sys" "srv_cpu=$scpu" "$note"
+    "$rss" "$usr" "$sys" "srv_cpu=$scpu${tls:+;tls=$tls}" "$note"
   say "tls $auth run $run: $cl -> $srv: $status ${secs}s${note:+ ($note)}"
 }
 

@@ -262,12 +262,14 @@ def section_tls(out, rows, meta):
                "the client (/usr/bin/time) and of the server process "
                "(/proc, read just before it is stopped), per GiB copied, "
                "medians. The plaintext reference runs `nbdflow copy "
-               "--no-zero-copy`, the same buffer path TLS takes."
+               "--no-zero-copy`, the same buffer path TLS takes. "
+               "Negotiated: version/cipher/auth as `nbdflow copy --json` "
+               "names them (other clients do not say)."
                % m.get("tls", "?"))
     out.append("")
     out.append("| auth | client -> server | MiB/s median (range) | client "
-               "CPU s/GiB | server CPU s/GiB |")
-    out.append("|---|---|---|---|---|")
+               "CPU s/GiB | server CPU s/GiB | negotiated |")
+    out.append("|---|---|---|---|---|---|")
     pairs = []
     for r in rows:
         k = (r["workload"], r["client"], r["server"])
@@ -287,8 +289,10 @@ def section_tls(out, rows, meta):
         scpu = _med([_num(r, "srv_cpu") / (float(r["bytes"]) / GIB)
                      for r in ok if _num(r, "srv_cpu") is not None])
         meds[k] = med
-        out.append("| %s | %s -> %s | %s | %s | %s |" % (
-            k[0], k[1], k[2], cell, _f(ccpu, 2), _f(scpu, 2)))
+        tls = sorted({r["extra"]["tls"] for r in ok if "tls" in r["extra"]})
+        out.append("| %s | %s -> %s | %s | %s | %s | %s |" % (
+            k[0], k[1], k[2], cell, _f(ccpu, 2), _f(scpu, 2),
+            ", ".join(tls) or "-"))
     out.append("")
     out.append("| auth | ours (nbdflow copy -> nbdflow serve) | best peer "
                "pair | ours / best peer | ours / our plaintext |")
