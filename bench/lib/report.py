@@ -12,6 +12,7 @@ import os
 import statistics
 import sys
 
+import report_ceiling
 import report_link
 import report_qcow2
 import report_retry
@@ -634,6 +635,9 @@ def main(argv):
     if "qcow2" in secs:
         out.append("- Section qcow2: workload and checks in its section "
                    "below.")
+    if "ceiling" in secs:
+        out.append("- Section ceiling: the dense image %s; its two arms "
+                   "in its section below." % m.get("size", "?"))
     out.append("")
     section_servers(out, rows, meta)
     section_clients(out, rows, meta)
@@ -649,6 +653,7 @@ def main(argv):
     report_rate.section_rate(out, rows, meta)
     report_xapi.section_xapi(out, rows, meta)
     report_vhdrw.section_vhdrw(out, rows, meta)
+    report_ceiling.section_ceiling(out, rows, meta)
     section_notes(out, rows)
     out.append("## Machine")
     out.append("")
