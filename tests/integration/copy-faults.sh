@@ -100,11 +100,12 @@ wait "$copy_pid" || rc=$?
 check_copy_failed "source shrank" "$rc" "shorter than the 268435456 bytes"
 
 # Kill the server in the middle of a slow copy.
-kit "$TMP/kill.sock" --filter=delay memory 16M wdelay=100ms
+kit "$TMP/kill.sock" --filter=log --filter=delay memory 16M wdelay=100ms \
+    logfile="$TMP/kill.log"
 "$NBDFLOW" copy --request-size 256K --inflight 1M --json "$TMP/src.img" \
     "$(uri "$TMP/kill.sock")" >"$TMP/out" 2>"$TMP/err" &
 copy_pid=$!
-sleep 1
+wait_for grep -q " Write id=" "$TMP/kill.log" # mid-copy, however slow
 kill -KILL "$KIT_PID"
 wait "$KIT_PID" 2>/dev/null || true
 forget_pid "$KIT_PID"

@@ -329,9 +329,17 @@ has_open () {
     return 1
 }
 
-# in_pipe_read PID: one of PID's threads sleeps in a read from a pipe.
+# in_pipe_read PID: one of PID's threads sleeps in a read(2) of its
+# standard input from a pipe (syscall 0, first argument 0). The fd is
+# checked too: under valgrind, the tool's own threads wait in pipe reads
+# before the program has even set its signal handlers.
 in_pipe_read () {
-    grep -Eqs 'pipe_read|pipe_wait' /proc/"$1"/task/*/wchan
+    local t
+    for t in /proc/"$1"/task/*; do
+        grep -Eqs 'pipe_read|pipe_wait' "$t/wchan" &&
+            grep -qs '^0 0x0 ' "$t/syscall" && return 0
+    done
+    return 1
 }
 
 # kit SOCK ARGS...: nbdkit on a Unix socket, ready when it returns; its pid
