@@ -5,7 +5,7 @@ ASAN_BUILD ?= build-asan
 MESON_OPTS ?=
 
 .PHONY: all deps test-deps demo-deps valgrind-deps check check-asan \
-	check-valgrind demo bench clean
+	check-valgrind check-valgrind-all demo bench clean
 
 all: deps $(BUILD)/build.ninja
 	ninja -C $(BUILD)
@@ -43,6 +43,11 @@ check-asan: test-deps $(ASAN_BUILD)/build.ninja
 check-valgrind: valgrind-deps $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 	tests/valgrind $(BUILD) $(VALGRIND_TESTS)
+
+# The whole suite under memcheck: about an hour on 2 cores.
+check-valgrind-all: valgrind-deps $(BUILD)/build.ninja
+	ninja -C $(BUILD)
+	tests/valgrind $(BUILD) unit/ integration/
 
 demo: demo-deps all
 	scripts/demo.sh $(BUILD)/nbdflow
