@@ -109,15 +109,28 @@ ns_server_sum() {
 }
 
 # copy_json_extra LOG: the --json report's figures as k=v;k=v.
-copy_json_extra() {
-  python3 - "$1" <<'PY'
+# copy_json_tls LOG: the TLS it names for its destination, as
+# VERSION/CIPHER/AUTH (with /mixed when its connections differed).
+# Both print nothing when LOG holds no report (or, for the TLS, no TLS).
+copy_json_extra() { copy_json_read extra "$1"; }
+copy_json_tls() { copy_json_read tls "$1"; }
+
+# copy_json_read WHAT LOG: the last --json report in LOG, read for WHAT.
+copy_json_read() {
+  python3 - "$1" "$2" <<'PY'
 import json, sys
 rep = None
-for line in open(sys.argv[1], errors="replace"):
+for line in open(sys.argv[2], errors="replace"):
     line = line.strip()
     if line.startswith("{") and '"bytes_total"' in line:
         rep = json.loads(line)
 if rep is None:
+    sys.exit(0)
+if sys.argv[1] == "tls":
+    t = (rep.get("tls") or {}).get("destination")
+    if t:
+        print("/".join([t["version"], t["cipher"], t["auth"]] +
+                       ([] if t["uniform"] else ["mixed"])))
     sys.exit(0)
 t = rep.get("tcp") or {}
 kv = {"copied": rep.get("bytes_copied"), "depth": rep.get("peak_depth"),
@@ -128,23 +141,6 @@ kv = {"copied": rep.get("bytes_copied"), "depth": rep.get("peak_depth"),
       "rwnd_pct": t.get("rwnd_limited_pct"), "min_rtt_us": t.get("rtt_min_us"),
       "inflight_max": t.get("inflight_bytes_max")}
 print(";".join("%s=%s" % (k, v) for k, v in kv.items() if v is not None))
-PY
-}
-
-# copy_json_tls LOG: the TLS the --json report in LOG names for its
-# destination, as VERSION/CIPHER/AUTH (with /mixed when its connections
-# differed); nothing without TLS or a report.
-copy_json_tls() {
-  python3 - "$1" <<'PY'
-import json, sys
-t = None
-for line in open(sys.argv[1], errors="replace"):
-    line = line.strip()
-    if line.startswith("{") and '"bytes_total"' in line:
-        t = (json.loads(line).get("tls") or {}).get("destination")
-if t:
-    print("/".join([t["version"], t["cipher"], t["auth"]] +
-                   ([] if t["uniform"] else ["mixed"])))
 PY
 }
 
