@@ -110,6 +110,8 @@ copy_usage(FILE *f)
     "                         other size leaves detection on)\n"
     "  --no-zero-copy         read data into buffers even where the kernel\n"
     "                         could send it from the file (sendfile)\n"
+    "  --zero-copy            sendfile over TCP to this host too (default\n"
+    "                         there: buffers, which measured faster)\n"
     "  --no-space-check       copy into a file even when its file system has\n"
     "                         less room than SRC's allocated bytes\n"
     "  --verify               hash SRC while copying, read DST back, compare\n"
@@ -168,6 +170,7 @@ copy_parse_size(const char *opt, const char *v, uint64_t *out)
 enum {
   OPT_CONNECTIONS = 256, OPT_REQUEST_SIZE, OPT_INFLIGHT, OPT_ALLOCATED,
   OPT_DST_IS_ZERO, OPT_FLUSH, OPT_NO_FLUSH, OPT_NO_EXTENTS, OPT_NO_ZERO_COPY,
+  OPT_ZERO_COPY,
   OPT_VERIFY, OPT_TIMEOUT, OPT_JSON, OPT_NAGLE, OPT_MAX_REQUESTS,
   OPT_SPLIT_WRITES, OPT_SYNCHRONOUS, OPT_QUEUE_SIZE, OPT_SRC_FORMAT,
   OPT_DST_FORMAT, OPT_IGNORE_CHECKSUMS, OPT_DST_PROTOCOL, OPT_NBD_EXPORT,
@@ -344,6 +347,7 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     { "no-extents", no_argument, NULL, OPT_NO_EXTENTS },
     { "sparse", required_argument, NULL, 'S' },
     { "no-zero-copy", no_argument, NULL, OPT_NO_ZERO_COPY },
+    { "zero-copy", no_argument, NULL, OPT_ZERO_COPY },
     { "verify", no_argument, NULL, OPT_VERIFY },
     { "timeout", required_argument, NULL, OPT_TIMEOUT },
     { "progress", optional_argument, NULL, 'p' },
@@ -430,8 +434,13 @@ copy_parse(int argc, char **argv, struct copy_args *a)
       }
       a->o.no_zero_detect = v == 0;
       break;
-    case OPT_NO_ZERO_COPY:
+    case OPT_NO_ZERO_COPY: /* the last of the two wins */
       a->o.no_zero_copy = true;
+      a->o.zero_copy = false;
+      break;
+    case OPT_ZERO_COPY:
+      a->o.zero_copy = true;
+      a->o.no_zero_copy = false;
       break;
     case OPT_VERIFY:
       a->verify = true;

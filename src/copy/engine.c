@@ -799,6 +799,7 @@ eng_setup(struct engine *e)
    * feed in order. Zero detection then only sees holes. */
   e->send_file = e->dst && !o->no_zero_copy && !e->ordered &&
                  e->dst->can_send_file && e->src->ops->map != NULL &&
+                 (o->zero_copy || !e->dst->prefer_buffers) &&
                  !e->src->sequential &&
                  /* --no-extents hides the holes: only looking at the
                   * bytes finds the zeroes then */

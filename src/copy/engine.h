@@ -69,6 +69,8 @@ struct copy_opts {
   bool no_zero_copy;     /* always read into buffers (zero detection on
                             all data); else file -> plain NBD uses
                             sendfile */
+  bool zero_copy;        /* sendfile even where the destination prefers
+                            buffers (TCP to this host) */
   unsigned max_requests; /* data and zero requests in flight at most,
                             over all connections; 0: no limit */
   unsigned request_limit; /* the same as a tuning limit (nbdcopy's -R),

@@ -449,6 +449,25 @@ sock_is_unix(int fd)
   return sock_family(fd) == AF_UNIX;
 }
 
+bool
+sock_is_tcp_loopback(int fd)
+{
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  if (getpeername(fd, (struct sockaddr *)&ss, &len) < 0)
+    return false;
+  if (ss.ss_family == AF_INET) {
+    const struct sockaddr_in *in = (const struct sockaddr_in *)&ss;
+    return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (ss.ss_family == AF_INET6) {
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)&ss)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(a) ||
+           (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+  }
+  return false;
+}
+
 /* "host:port" ("[host]:port" for IPv6) of ss, or other when it is not
  * an IP address. */
 static void

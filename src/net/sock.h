@@ -67,6 +67,9 @@ int sock_set_rcvbuf(int fd, int size, int *effective);
 int sock_tcp_autotune_max(uint64_t *send, uint64_t *recv);
 bool sock_is_tcp(int fd);
 bool sock_is_unix(int fd);
+/* A TCP socket whose peer is a loopback address (127.0.0.0/8, ::1 or
+ * ::ffff:127.0.0.0/104): both ends on this host. */
+bool sock_is_tcp_loopback(int fd);
 /* Moves up to len bytes from socket fd into the pipe pipefd without
  * copying them through user space; non-blocking. Returns bytes moved, 0 at
  * EOF, -EAGAIN or -errno. */

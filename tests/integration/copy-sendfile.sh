@@ -3,8 +3,9 @@
 # payloads straight from the source file (sendfile). Checks, byte for
 # byte: odd sizes and partial last pieces, small requests batched deep,
 # several connections, sparse sources whose holes must overwrite old data
-# with zeroes, TCP (our server) and Unix (nbdkit); that --verify and
-# --no-zero-copy take the buffer path; and that a source which shrinks in
+# with zeroes, TCP (our server, --zero-copy) and Unix (nbdkit); that
+# --verify, --no-zero-copy and a default copy over TCP to this host take
+# the buffer path; and that a source which shrinks in
 # the middle of a copy fails it with one line and a non-zero exit.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -88,12 +89,21 @@ check_copy_failed "shrinking source" "$rc" "source file ended"
 if "$NBDFLOW" serve --help >/dev/null 2>&1; then
     truncate -s 24M "$TMP/exp.img"
     serve_tcp "$TMP/exp.img"
-    copy_expect sendfile "-> nbdflow serve over TCP, 2 connections" \
-        --connections 2 "$TMP/src.img" "$URI"
+    # Over TCP to this host the default is the buffer path (it measured
+    # faster there); --zero-copy asks for sendfile.
+    copy_expect buffer "-> nbdflow serve over TCP to this host" \
+        "$TMP/src.img" "$URI"
     same "$TMP/src.img" "$TMP/exp.img"
-    copy_expect sendfile "sparse -> nbdflow serve over TCP" \
-        "$TMP/sparse.img" "$URI"
+    truncate -s 0 "$TMP/exp.img"; truncate -s 24M "$TMP/exp.img"
+    copy_expect sendfile "-> nbdflow serve over TCP, 2 connections, --zero-copy" \
+        --zero-copy --connections 2 "$TMP/src.img" "$URI"
+    same "$TMP/src.img" "$TMP/exp.img"
+    copy_expect sendfile "sparse -> nbdflow serve over TCP, --zero-copy" \
+        --zero-copy "$TMP/sparse.img" "$URI"
     same "$TMP/sparse.img" "$TMP/exp.img"
+    copy_expect buffer "--zero-copy then --no-zero-copy: the last wins" \
+        --zero-copy --no-zero-copy "$TMP/src.img" "$URI"
+    same "$TMP/src.img" "$TMP/exp.img"
 else
     note "nbdflow serve not built: TCP part not run"
 fi
