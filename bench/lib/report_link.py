@@ -261,8 +261,9 @@ def section_tls(out, rows, meta):
                "compared byte for byte. CPU s/GiB: user+system seconds of "
                "the client (/usr/bin/time) and of the server process "
                "(/proc, read just before it is stopped), per GiB copied, "
-               "medians. The plaintext reference runs `nbdflow copy "
-               "--no-zero-copy`, the same buffer path TLS takes. "
+               "medians. The plaintext reference runs `nbdflow copy` with no "
+               "flags: over TCP to this host it takes the buffer path, as "
+               "TLS does. "
                "Negotiated: version/cipher/auth as `nbdflow copy --json` "
                "names them (other clients do not say)."
                % m.get("tls", "?"))
