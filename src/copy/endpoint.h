@@ -190,7 +190,7 @@ struct endpoint {
   unsigned connections;
   bool multi_conn;    /* server allows several connections */
   bool can_send_file; /* WRITE accepts from_file (plain NBD transport) */
-  bool prefer_buffers; /* can_send_file, but over TCP to this host, where
+  bool prefer_buffers; /* can_send_file, but over TCP to a loopback address, where
                           the buffer path is faster: the receiver copies
                           every payload either way, and a sendfile of
                           page-cache pages cost the loop's thread more

@@ -70,7 +70,7 @@ struct copy_opts {
                             all data); else file -> plain NBD uses
                             sendfile */
   bool zero_copy;        /* sendfile even where the destination prefers
-                            buffers (TCP to this host) */
+                            buffers (TCP to a loopback address) */
   unsigned max_requests; /* data and zero requests in flight at most,
                             over all connections; 0: no limit */
   unsigned request_limit; /* the same as a tuning limit (nbdcopy's -R),

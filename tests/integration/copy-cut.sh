@@ -8,7 +8,8 @@
 # - with --retry: the watchdog's timeout counts as a lost connection; the
 #   copy reconnects (through the relay, which relays new connections),
 #   sends what was in flight again and lands whole, and --json counts the
-#   reconnection.
+#   reconnection; from buffers (the default over loopback TCP) and by
+#   sendfile (--zero-copy).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need nbdkit
@@ -76,4 +77,17 @@ grep -q "reconnected" "$TMP/err.lines" ||
     fail "cut with --retry: no line says it reconnected: $(cat "$TMP/err.lines")"
 same "$TMP/src.img" "$TMP/dst.img"
 note "ok: cut with --retry: $(grep -o '"reconnects": [0-9]*, "bytes_resent": [0-9]*' "$TMP/out") after $CUT_S s"
+
+# 3. The same on the sendfile path (over loopback TCP only with
+# --zero-copy): payloads that had left from the file are sent again.
+truncate -s 0 "$TMP/dst.img"; truncate -s 32M "$TMP/dst.img"
+relay_start
+copy_and_cut --retry 3,0.2 --zero-copy
+[ "$rc" = 0 ] || fail "cut with --retry --zero-copy: exit $rc: $(cat "$TMP/err.lines")"
+grep -q '"data_path": "sendfile"' "$TMP/out" ||
+    fail "--zero-copy did not take the sendfile path: $(cat "$TMP/out")"
+grep -q '"reconnects": [1-9]' "$TMP/out" ||
+    fail "cut with --retry --zero-copy: no reconnection counted: $(cat "$TMP/out")"
+same "$TMP/src.img" "$TMP/dst.img"
+note "ok: cut with --retry --zero-copy (sendfile): $(grep -o '"reconnects": [0-9]*, "bytes_resent": [0-9]*' "$TMP/out")"
 echo "PASS"

@@ -104,6 +104,10 @@ if "$NBDFLOW" serve --help >/dev/null 2>&1; then
     copy_expect buffer "--zero-copy then --no-zero-copy: the last wins" \
         --zero-copy --no-zero-copy "$TMP/src.img" "$URI"
     same "$TMP/src.img" "$TMP/exp.img"
+    truncate -s 0 "$TMP/exp.img"; truncate -s 24M "$TMP/exp.img"
+    copy_expect sendfile "--no-zero-copy then --zero-copy: the last wins" \
+        --no-zero-copy --zero-copy "$TMP/src.img" "$URI"
+    same "$TMP/src.img" "$TMP/exp.img"
 else
     note "nbdflow serve not built: TCP part not run"
 fi

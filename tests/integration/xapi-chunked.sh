@@ -80,23 +80,32 @@ same "$TMP/src.img" "$TMP/exp.img"
 # proof that the check sees one when it happens.
 if can_strace; then
     export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
-    for mode in normal split; do
+    # normal: over TCP to a loopback address, the buffer path;
+    # zerocopy: --zero-copy, payloads by sendfile after a corked header.
+    for mode in normal zerocopy split; do
         extra=()
         [ "$mode" = split ] && extra=(--split-writes)
-        strace -f -qq -e trace=write,writev,sendmsg,sendto -o "$TMP/st.$mode" \
+        [ "$mode" = zerocopy ] && extra=(--zero-copy)
+        strace -f -qq -e trace=write,writev,sendmsg,sendto,sendfile -o "$TMP/st.$mode" \
             "$NBDFLOW" copy "${extra[@]}" "$TMP/src.img" \
             "chunked+tcp://127.0.0.1:$CPORT" ||
             fail "traced copy ($mode) failed"
     done
-    wait_for flushed_is 4
+    wait_for flushed_is 5
     same "$TMP/src.img" "$TMP/exp.img"
+    grep -q '^[0-9]* *sendfile(' "$TMP/st.zerocopy" ||
+        fail "--zero-copy: the trace shows no sendfile"
+    ! grep -q '^[0-9]* *sendfile(' "$TMP/st.normal" ||
+        fail "the default copy over loopback TCP used sendfile"
     # The end marker is a header with nothing to follow, and a header
     # sent with MSG_MORE waits in the kernel for the payload that
     # sendfile appends (they leave as one): neither is counted.
-    lone=$(grep -E '(write|writev|sendmsg|sendto)\(.*\) = 12$' "$TMP/st.normal" |
-           grep -vF 'MSG_MORE' |
-           grep -cvF '"\0\0\0\0\0\0\0\0\0\0\0\0"' || true)
-    [ "$lone" = 0 ] || fail "$lone lone 12-byte writes: $(grep -E '= 12$' "$TMP/st.normal" | head -3)"
+    for mode in normal zerocopy; do
+        lone=$(grep -E '(write|writev|sendmsg|sendto)\(.*\) = 12$' "$TMP/st.$mode" |
+               grep -vF 'MSG_MORE' |
+               grep -cvF '"\0\0\0\0\0\0\0\0\0\0\0\0"' || true)
+        [ "$lone" = 0 ] || fail "$mode: $lone lone 12-byte writes: $(grep -E '= 12$' "$TMP/st.$mode" | head -3)"
+    done
     split=$(grep -E '(write|writev|sendmsg|sendto)\(.*\) = 12$' "$TMP/st.split" |
             grep -cvF '"\0\0\0\0\0\0\0\0\0\0\0\0"' || true)
     [ "$split" -gt 0 ] || fail "the trace shows no 12-byte write even with --split-writes"
