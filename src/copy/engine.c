@@ -465,8 +465,10 @@ eng_issue_one(struct engine *e)
     eng_ready(e, c);
     return true;
   }
-  if (e->inflight > 0 && e->inflight + len > e->window)
+  if (e->inflight > 0 && e->inflight + len > e->window) {
+    e->window_held = true;
     return false;
+  }
   if (e->o->rate && !eng_rate_allows(e, len))
     return false;
   uint8_t *buf = NULL;

@@ -135,6 +135,8 @@ struct engine {
   uint64_t t_start_us, t_last_print_us, t_last_adapt_us;
   uint64_t copied_at_last_adapt; /* data bytes: zeroes never fill a link */
   double bw_est;              /* smoothed data bytes/s, 0 before the first */
+  bool window_held;           /* since the last adaptation a data piece
+                                 waited for room in the window */
   uint64_t adapt_period_us;   /* 4 RTTs as eng_adapt takes them, 100 ms
                                  .. 1 s */
   bool tty;

