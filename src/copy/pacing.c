@@ -175,8 +175,8 @@ eng_fit_connections(struct engine *e, double bw, const uint32_t rtts[2])
  * while the window held pieces back grew no faster (TCP's own start-up
  * was the bound) and overshot into losses; following the period's own
  * rate while the window held pieces back (at most doubling) does not
- * overshoot, and saved 0.2 s of a 256 MiB copy at 50 ms. A fixed window (--inflight)
- * stays as it is, but the connection count still follows. */
+ * overshoot, and saved 0.2 s of a 256 MiB copy at 50 ms. A fixed window
+ * (--inflight) stays as it is, but the connection count still follows. */
 void
 eng_adapt(struct engine *e)
 {
