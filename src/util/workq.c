@@ -104,8 +104,12 @@ workq_push_owned(struct workq *q, struct work *w, struct workq_owner *o)
     o->queued = true;
     workq_ring_append(q, o);
   }
-  pthread_cond_signal(&q->cond);
   pthread_mutex_unlock(&q->lock);
+  /* Signalled after the unlock: a worker woken while we still held the
+   * lock would only block on it again (two more futex calls and a switch
+   * per item, measured). A worker that misses this signal is not waiting,
+   * so it takes the item on its next turn round the loop. */
+  pthread_cond_signal(&q->cond);
 }
 
 void
