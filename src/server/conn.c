@@ -525,6 +525,7 @@ static void
 conn_setup_socket(struct server *s, struct conn *c)
 {
   c->is_tcp = sock_is_tcp(c->fd);
+  c->loopback = c->is_tcp && sock_is_tcp_loopback(c->fd);
   if (c->is_tcp) {
     sock_set_nodelay(c->fd, true);
     sock_set_keepalive(c->fd);

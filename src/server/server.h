@@ -115,6 +115,7 @@ struct server_config {
   const char *description; /* of every export; NULL: none */
   bool ignore_checksums;   /* images whose checksums are wrong are served */
   bool stats;
+  bool zero_copy; /* --zero-copy: sendfile READ data to loopback peers too */
   enum tls_mode tls_mode;
   struct tls_server_config tls;
 };
@@ -252,6 +253,7 @@ struct conn {
   struct transport t;
   char peer[80];
   bool is_tcp;
+  bool loopback; /* TCP to an address of this host (sock_is_tcp_loopback) */
   enum conn_state state;
   struct tcpinfo_stats tcp; /* --stats: sampled by the loop's tick */
   uint64_t deadline_ms; /* end of the handshake time limit, 0 after it */
