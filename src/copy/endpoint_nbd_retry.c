@@ -80,7 +80,15 @@ nbd_list_append(struct ep_op **head, struct ep_op **tail, struct ep_op *op)
   *tail = op;
 }
 
-/* Holds op (its reply was err) until the tick after its wait, saying so. */
+/* Warnings of requests sent again, per endpoint: storage that fails a
+ * share of the requests would otherwise put a line per request in the
+ * log (a 16 MiB copy in 32 KiB requests with a quarter failing: ~170).
+ * As many as the server logs of failed requests per connection. */
+#define NBD_AGAIN_LOG_MAX 16
+
+/* Holds op (its reply was err) until the tick after its wait, saying so
+ * (the first NBD_AGAIN_LOG_MAX times; then once that the rest are not
+ * logged; the report's bytes_resent counts the writes' payloads). */
 void
 ep_nbd_hold_error(struct endpoint *e, struct ep_op *op, int err,
                   const char *msg)
@@ -88,13 +96,20 @@ ep_nbd_hold_error(struct endpoint *e, struct ep_op *op, int err,
   struct nbd_priv *p = e->priv;
   op->err_tries++;
   uint64_t at = loop_now_us() + nbd_retry_wait_us(p, op->err_tries);
-  log_warn("%s: %s at offset %llu length %llu failed: %s; sending it again "
-           "in %.1f s (try %u of %u, --retry-errors)", e->name,
-           op->type == EP_READ ? "read" : op->type == EP_WRITE ? "write"
-                                                                 : "zeroing",
-           (unsigned long long)op->offset, (unsigned long long)op->length,
-           msg && msg[0] ? msg : strerror(err),
-           (double)(at - loop_now_us()) / 1e6, op->err_tries, p->retry_max);
+  if (p->again_logged < NBD_AGAIN_LOG_MAX)
+    log_warn("%s: %s at offset %llu length %llu failed: %s; sending it again "
+             "in %.1f s (try %u of %u, --retry-errors)", e->name,
+             op->type == EP_READ ? "read" : op->type == EP_WRITE ? "write"
+                                                                   : "zeroing",
+             (unsigned long long)op->offset, (unsigned long long)op->length,
+             msg && msg[0] ? msg : strerror(err),
+             (double)(at - loop_now_us()) / 1e6, op->err_tries,
+             p->retry_max);
+  else if (p->again_logged == NBD_AGAIN_LOG_MAX)
+    log_warn("%s: more requests failed and are sent again; not logged one "
+             "by one (--retry-errors)", e->name);
+  if (p->again_logged <= NBD_AGAIN_LOG_MAX)
+    p->again_logged++;
   if (at > p->again_at_us)
     p->again_at_us = at;
   nbd_list_append(&p->again, &p->again_tail, op);
