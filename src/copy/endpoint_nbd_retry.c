@@ -82,7 +82,7 @@ nbd_list_append(struct ep_op **head, struct ep_op **tail, struct ep_op *op)
 
 /* Warnings of requests sent again, per endpoint: storage that fails a
  * share of the requests would otherwise put a line per request in the
- * log (a 16 MiB copy in 32 KiB requests with a quarter failing: ~170).
+ * log (a 16 MiB copy in 32 KiB requests with a quarter failing: 144).
  * As many as the server logs of failed requests per connection. */
 #define NBD_AGAIN_LOG_MAX 16
 
