@@ -90,7 +90,7 @@ struct nbd_priv {
   bool retry_errors;
   struct ep_op *again, *again_tail; /* owned by the engine, held here */
   uint64_t again_at_us;
-  unsigned again_logged;  /* warnings given for them (NBD_AGAIN_LOG_MAX) */
+  int again_logged;       /* their warnings (log_take, NBD_AGAIN_LOG_MAX) */
   struct client_info info0; /* the export as first seen (scalars only) */
   bool sampled;           /* sample_digest holds the source's sample */
   uint64_t sample_digest;

@@ -96,7 +96,8 @@ ep_nbd_hold_error(struct endpoint *e, struct ep_op *op, int err,
   struct nbd_priv *p = e->priv;
   op->err_tries++;
   uint64_t at = loop_now_us() + nbd_retry_wait_us(p, op->err_tries);
-  if (p->again_logged < NBD_AGAIN_LOG_MAX)
+  enum log_take t = log_take(&p->again_logged, NBD_AGAIN_LOG_MAX);
+  if (t == LOG_TAKE_LINE)
     log_warn("%s: %s at offset %llu length %llu failed: %s; sending it again "
              "in %.1f s (try %u of %u, --retry-errors)", e->name,
              op->type == EP_READ ? "read" : op->type == EP_WRITE ? "write"
@@ -105,11 +106,9 @@ ep_nbd_hold_error(struct endpoint *e, struct ep_op *op, int err,
              msg && msg[0] ? msg : strerror(err),
              (double)(at - loop_now_us()) / 1e6, op->err_tries,
              p->retry_max);
-  else if (p->again_logged == NBD_AGAIN_LOG_MAX)
+  else if (t == LOG_TAKE_LAST)
     log_warn("%s: more requests failed and are sent again; not logged one "
              "by one (--retry-errors)", e->name);
-  if (p->again_logged <= NBD_AGAIN_LOG_MAX)
-    p->again_logged++;
   if (at > p->again_at_us)
     p->again_at_us = at;
   nbd_list_append(&p->again, &p->again_tail, op);

@@ -23,16 +23,12 @@ conn_log(struct conn *c, const char *fmt, ...)
 {
   char msg[512];
   va_list ap;
-  if (conn_nlogged(c) > CONN_LOG_CAP) /* and the count stops growing */
-    return;
-  int n = __atomic_fetch_add(&c->nlogged, 1, __ATOMIC_RELAXED);
-  if (n > CONN_LOG_CAP)
-    return;
-  if (n == CONN_LOG_CAP) {
+  enum log_take t = log_take(&c->nlogged, CONN_LOG_CAP);
+  if (t == LOG_TAKE_LAST)
     log_warn("%s: further problems on this connection are not logged",
              c->peer);
+  if (t != LOG_TAKE_LINE)
     return;
-  }
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);

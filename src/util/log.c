@@ -58,3 +58,14 @@ log_escape(char out[LOG_ESCAPE_BUF], const void *p, size_t len)
   *o = '\0';
   return out;
 }
+
+enum log_take
+log_take(int *count, int cap)
+{
+  if (__atomic_load_n(count, __ATOMIC_RELAXED) > cap)
+    return LOG_TAKE_NONE;
+  int n = __atomic_fetch_add(count, 1, __ATOMIC_RELAXED);
+  if (n < cap)
+    return LOG_TAKE_LINE;
+  return n == cap ? LOG_TAKE_LAST : LOG_TAKE_NONE;
+}

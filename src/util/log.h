@@ -28,6 +28,13 @@ void log_msg(enum log_level level, const char *fmt, ...)
  * "...". out must hold LOG_ESCAPE_BUF bytes; returns out, NUL-terminated. */
 const char *log_escape(char out[LOG_ESCAPE_BUF], const void *p, size_t len);
 
+/* A flood guard: *count lines taken so far (atomically, so any thread
+ * may take), at most cap of them logged. LOG_TAKE_LINE: log this one;
+ * LOG_TAKE_LAST: the cap is reached now, log once that the rest are not
+ * logged; LOG_TAKE_NONE: stay silent (the count then stops growing). */
+enum log_take { LOG_TAKE_NONE, LOG_TAKE_LINE, LOG_TAKE_LAST };
+enum log_take log_take(int *count, int cap);
+
 #define log_error(...) log_msg(LOG_ERROR, __VA_ARGS__)
 #define log_warn(...)  log_msg(LOG_WARN, __VA_ARGS__)
 #define log_info(...)  log_msg(LOG_INFO, __VA_ARGS__)
