@@ -42,7 +42,7 @@
  * otherwise faults in every page of every payload: glibc maps large
  * buffers afresh, or trims its heap under them, until it has freed one
  * buffer of a size that raises its thresholds (to that size, and twice it
- * for trimming) above the copy's own churn (docs/copy.md, "Opening
+ * for trimming) above the copy's own churn (docs/copy-engine.md, "Opening
  * request", gives the page faults measured). */
 #define ENDPOINT_OPENING_REQUEST (UINT64_C(4) << 20)
 /* --retry: the longest wait between two reconnection attempts. */
@@ -195,7 +195,8 @@ struct endpoint {
                           receiver copies every payload either way, and
                           a sendfile of page-cache pages cost the loop's
                           thread more than the copy into the socket that
-                          workers' preads feed: docs/copy.md) */
+                          workers' preads feed:
+                          docs/copy-engine.md) */
   /* --retry: reconnections that succeeded, and WRITE payload bytes
    * that had left on a lost connection and were sent again. */
   uint64_t reconnects;

@@ -27,7 +27,8 @@
 #include "net/tls.h"
 #include "util/hash.h"
 
-/* Defaults and limits (documented in docs/copy.md). */
+/* Defaults and limits (documented in docs/copy.md and
+ * docs/copy-engine.md). */
 #define COPY_DEFAULT_REQUEST (512u << 10)
 #define COPY_WINDOW_FLOOR_REQUESTS 8      /* adaptive window floor */
 #define COPY_WINDOW_CAP (UINT64_C(256) << 20) /* adaptive window cap */

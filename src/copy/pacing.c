@@ -166,7 +166,7 @@ eng_fit_connections(struct engine *e, double bw, const uint32_t rtts[2])
 /* Window = 2 x bandwidth x RTT (the smallest RTT the transport saw on
  * each NBD endpoint, the larger of the two), at least a floor of
  * requests that keeps the servers busy, capped. Not floor + 2 x BDP: on
- * a long link that overfills the bottleneck's queue (docs/copy.md,
+ * a long link that overfills the bottleneck's queue (docs/copy-engine.md,
  * "Adaptive window", gives the losses measured). A window-limited copy
  * still grows: its bandwidth is window / RTT, so the next window
  * doubles.

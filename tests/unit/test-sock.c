@@ -2,7 +2,7 @@
  * made on this host: TCP to 127.0.0.1, 127.0.0.2, ::1 and ::ffff:127.0.0.1
  * say yes; a Unix socket pair and TCP to one of the host's own
  * non-loopback addresses (when it has one) say no. The copy takes its
- * data path from the answer (docs/copy.md). */
+ * data path from the answer (docs/copy-engine.md). */
 #include "net/sock.h"
 
 #include <arpa/inet.h>
