@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include "loop.h"
+#include "sock.h"
 
 static ssize_t
 plain_recv(struct transport *t, void *buf, size_t len)
@@ -179,6 +180,11 @@ transport_recv_all(struct transport *t, void *buf, size_t len,
   while (len > 0) {
     ssize_t n = t->ops->recv(t, p, len);
     if (n == -EAGAIN) {
+      /* Acknowledge what came so far before waiting: a peer with Nagle
+       * on holds the rest of a message written in two parts until then,
+       * and our delayed ACK would cost it ~40 ms (nbd-server's option
+       * errors: a header, then the text). Not TCP: fails, harmless. */
+      (void)sock_set_quickack(t->fd);
       int r = transport_wait(t->fd, POLLIN, deadline);
       if (r < 0)
         return r;

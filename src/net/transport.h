@@ -56,7 +56,8 @@ int transport_send_all(struct transport *t, struct iovec *iov, int iovcnt,
 int transport_send_buf(struct transport *t, const void *buf, size_t len,
                        int flags, int timeout_ms);
 /* Reads exactly len bytes. Returns 0, -ECONNRESET on EOF before len,
- * -ETIMEDOUT or -errno. */
+ * -ETIMEDOUT or -errno. Over TCP, each wait first sends the ACK of what
+ * arrived (TCP_QUICKACK). */
 int transport_recv_all(struct transport *t, void *buf, size_t len,
                        int timeout_ms);
 
