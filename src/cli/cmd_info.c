@@ -662,13 +662,21 @@ info_file(const struct info_args *a)
     image_close(img);
     return r < 0 ? 1 : 0;
   }
-  int fd = open(t.arg, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: opening a FIFO to read would wait for a writer. */
+  int fd = open(t.arg, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   uint64_t size;
   char sz[32];
+  struct stat st;
   if (fd < 0) {
     log_error("open %s: %s", t.arg, strerror(errno));
     return 1;
   }
+  if (fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode)) {
+    log_error("%s is a named pipe: it has no size to show", t.arg);
+    close(fd);
+    return 1;
+  }
+  (void)fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   r = file_size(fd, &size);
   if (r < 0) {
     log_error("size of %s: %s", t.arg, strerror(-r));

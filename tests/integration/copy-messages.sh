@@ -126,6 +126,10 @@ refused 1 "/dev/zero is a character device: it has no size to copy (for zeroes o
     copy /dev/zero out.img
 [ ! -e "$TMP/out.img" ] || fail "a refused copy created its destination"
 refused 1 "is a named pipe: it has no size to copy" copy "$TMP/fifo" out.img
+# info must not wait in open(2) for a writer to come (it used to hang).
+refused 1 "fifo is a named pipe: it has no size to show" info "$TMP/fifo"
+refused 1 "fifo is a named pipe: it has no size to show" info --map --json "$TMP/fifo"
+refused 1 "fifo is a named pipe: it has no size to show" info "raw:$TMP/fifo"
 cd - >/dev/null || fail "cd back"
 grep -q "Illegal seek" "$TMP/err" && fail "errno text: $(cat "$TMP/err")"
 
