@@ -26,7 +26,13 @@ eng_fail_gone(struct engine *e, const char *what, const struct endpoint *ep,
       (err != ESHUTDOWN && err != ECONNRESET && err != EPIPE))
     return false;
   char why[320];
-  if (err == ESHUTDOWN && !(msg && msg[0]))
+  /* The client's own words may already say it: keep only what they add
+   * ("... with requests in flight"), so the line does not repeat itself. */
+  static const char closed[] = "server closed the connection";
+  if (msg && strncmp(msg, closed, sizeof closed - 1) == 0) {
+    const char *rest = msg + sizeof closed - 1;
+    snprintf(why, sizeof why, "the server closed the connection%s", rest);
+  } else if (err == ESHUTDOWN && !(msg && msg[0]))
     snprintf(why, sizeof why, "the server is shutting down (it refused "
              "the request with ESHUTDOWN)");
   else if (err == ESHUTDOWN)

@@ -110,6 +110,8 @@ grep -qF "after 1048576 of 4194304 bytes" "$TMP/err" ||
 grep -qF -- "--retry" "$TMP/err" || fail "--retry not named: $(cat "$TMP/err")"
 grep -q "Cannot send after transport endpoint shutdown" "$TMP/err" &&
     fail "ESHUTDOWN's text: $(cat "$TMP/err")"
+[ "$(grep -o "closed the connection" "$TMP/err" | wc -l)" = 1 ] ||
+    fail "the line says it twice: $(cat "$TMP/err")"
 
 # ---- devices and pipes as endpoints ----
 check "copy into /dev/null" "$NBDFLOW" copy "$TMP/src.img" /dev/null
