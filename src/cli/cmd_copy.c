@@ -1073,8 +1073,9 @@ cmd_copy(int argc, char **argv)
   }
   if (a.expect_size_given &&
       (!s.src->size_known || s.src->size != a.expect_size)) {
-    log_error("%s is %llu bytes, not the %llu that --expect-size says: "
-              "nothing copied", a.src, (unsigned long long)s.src->size,
+    /* Both front ends reach here: name copy's option and sparse_dd's. */
+    log_error("%s is %llu bytes, not the %llu expected (--expect-size, "
+              "sparse_dd's -size): nothing copied", a.src, (unsigned long long)s.src->size,
               (unsigned long long)a.expect_size);
     goto out;
   }

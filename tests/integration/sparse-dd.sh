@@ -91,7 +91,7 @@ note "ok: -base by the VHD chain sent 4 MiB of 16"
 rc=0
 "$NBDFLOW" sparse_dd -src "$TMP/src.img" -dest "$TMP/x.img" -size 4096 \
     2>"$TMP/err" || rc=$?
-[ "$rc" = 1 ] && grep -q "not the 4096" "$TMP/err" ||
+[ "$rc" = 1 ] && grep -qF "not the 4096 expected (--expect-size, sparse_dd's -size)" "$TMP/err" ||
     fail "a wrong -size: status $rc: $(cat "$TMP/err")"
 rc=0
 "$NBDFLOW" sparse_dd -src "$TMP/src.img" -size 1 2>"$TMP/err" || rc=$?
