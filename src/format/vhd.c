@@ -77,7 +77,10 @@ vhd_read_footer(struct vhd_level *l, const struct image_opts *o, char *err,
                     strerror(-r));
   l->footer_len = (uint32_t)n;
   r = vhd_footer_decode(buf, n, &l->f, why, sizeof why);
-  if (r < 0 && n == VHD_FOOTER_LEN) {
+  /* The old 511-byte footer only when the cookie is not where a 512-byte
+   * one has it: a footer with its cookie in place keeps its own error. */
+  if (r < 0 && n == VHD_FOOTER_LEN &&
+      memcmp(buf, VHD_FOOTER_COOKIE, 8) != 0) {
     l->footer_len = VHD_OLD_FOOTER_LEN;
     r = vhd_footer_decode(buf + 1, VHD_OLD_FOOTER_LEN, &l->f, why,
                           sizeof why);
@@ -142,6 +145,12 @@ vhd_read_header(struct vhd_level *l, const struct image_opts *o, char *err,
 {
   uint8_t buf[VHD_HEADER_LEN];
   char why[200] = "";
+  if (l->f.data_offset == UINT64_MAX)
+    return fmt_fail(err, errlen, -EINVAL,
+                    "%s: VHD footer of a %s disk names no dynamic header "
+                    "(data offset 0xffffffffffffffff, as a fixed disk's)",
+                    l->path, l->f.disk_type == VHD_TYPE_DIFF ? "differencing"
+                                                           : "dynamic");
   if (l->f.data_offset > l->file_size ||
       l->file_size - l->f.data_offset < VHD_HEADER_LEN)
     return fmt_fail(err, errlen, -EINVAL,

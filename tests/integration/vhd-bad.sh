@@ -6,7 +6,8 @@
 # bytes), truncated, a BAT entry past the end, a block size that is not a
 # power of two, a missing parent (naming the path looked for), a parent
 # whose UUID changed, chain loops (a disk its own parent, A -> B -> A), and
-# a footer copy that disagrees with the footer.
+# a footer copy that disagrees with the footer, an unknown disk type, and a
+# fixed disk's footer that says it is dynamic.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 tmpdir_make
@@ -61,6 +62,13 @@ gen corrupt "$TMP/good.vhd" "$TMP/pow2.vhd" --kind block-size-not-pow2
 bad "3 MiB blocks" "$TMP/pow2.vhd" 'power of two'
 gen corrupt "$TMP/good.vhd" "$TMP/copy.vhd" --kind footer-copy-mismatch
 bad "footer copy mismatch" "$TMP/copy.vhd" 'footer'
+# A disk type none of 2, 3 and 4 is named (not taken for an old 511-byte
+# footer with a bad cookie); a fixed disk's footer that says "dynamic"
+# names the missing header, not an offset of 2^64 - 1.
+gen corrupt "$TMP/good.vhd" "$TMP/type.vhd" --kind disk-type
+bad "disk type 5" "$TMP/type.vhd" 'disk type 5 is none of'
+gen corrupt "$TMP/fixed.vhd" "$TMP/fixdyn.vhd" --kind fixed-as-dynamic
+bad "fixed footer typed dynamic" "$TMP/fixdyn.vhd" 'names no dynamic header'
 
 # Parents. The locators of these children are W2ru and MacX (relative) and
 # W2ku (absolute): every one names the parent's path.

@@ -87,7 +87,9 @@ corrupt KIND: footer-checksum, header-checksum (only the stored checksums
   past the end of the file), block-size-not-pow2 (3 MiB, header checksum
   recomputed), parent-uuid (a new UUID in both footers of IN), loop (OUT's
   locators point at OUT itself, its parent UUID is its own),
-  footer-copy-mismatch (the copy at 0 says another current size).
+  footer-copy-mismatch (the copy at 0 says another current size),
+  disk-type (type 5, checksums right), fixed-as-dynamic (a fixed disk's
+  footer says type 3).
 """
 
 import argparse
@@ -837,6 +839,16 @@ def cmd_corrupt(a):
         f = bytearray(foot["raw"])
         struct.pack_into(">Q", f, 48, foot["size"] + hdr["block_size"])
         put_footer(buf, 0, 512, f)
+    elif k in ("disk-type", "fixed-as-dynamic"):
+        # A type none of 2, 3 and 4; or a fixed disk's footer (no header,
+        # data offset all ones) that says it is dynamic. Checksums right.
+        if k == "fixed-as-dynamic" and dynamic:
+            die("--kind fixed-as-dynamic needs a fixed disk")
+        f = bytearray(foot["raw"])
+        struct.pack_into(">I", f, 60, 5 if k == "disk-type" else 3)
+        put_footer(buf, foff, flen, f)
+        if dynamic:
+            put_footer(buf, 0, 512, f)
     elif k == "loop":
         if foot["type"] != 4:
             die("--kind loop needs a differencing disk")
