@@ -1,5 +1,6 @@
 /* log.c: see log.h. Each message is formatted into one buffer and written
- * with a single write(2), so lines from several threads never interleave. */
+ * with a single write(2), so lines from several threads never interleave;
+ * control bytes in it are escaped, so a message is always one line. */
 #include "log.h"
 
 #include <stdarg.h>
@@ -19,15 +20,30 @@ log_msg(enum log_level level, const char *fmt, ...)
 
   if (level > log_threshold)
     return;
-  int n = snprintf(line, sizeof line, "%.64s: %s", log_prefix, tag[level]);
+  static const char hex[] = "0123456789abcdef";
+  char msg[1024];
   va_start(ap, fmt);
-  int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+  int m = vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   if (m < 0)
     m = 0;
-  size_t len = (size_t)n + (size_t)m;
-  if (len > sizeof line - 2)
-    len = sizeof line - 2;
+  size_t mlen = (size_t)m < sizeof msg ? (size_t)m : sizeof msg - 1;
+  size_t len = (size_t)snprintf(line, sizeof line, "%.64s: %s", log_prefix,
+                                tag[level]);
+  /* One message, one line: a control byte that reached the text (a file
+   * name with a newline, say) is shown as \xNN and cannot start a line
+   * of its own or reach a terminal. */
+  for (size_t i = 0; i < mlen && len < sizeof line - 5; i++) {
+    unsigned char c = (unsigned char)msg[i];
+    if (c >= 0x20 && c != 0x7f) {
+      line[len++] = (char)c;
+    } else {
+      line[len++] = '\\';
+      line[len++] = 'x';
+      line[len++] = hex[c >> 4];
+      line[len++] = hex[c & 15];
+    }
+  }
   line[len++] = '\n';
   ssize_t r = write(STDERR_FILENO, line, len);
   (void)r;

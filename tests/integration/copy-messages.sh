@@ -128,6 +128,9 @@ refused 1 "/dev/zero is a character device: it has no size to copy (for zeroes o
     copy /dev/zero out.img
 [ ! -e "$TMP/out.img" ] || fail "a refused copy created its destination"
 refused 1 "is a named pipe: it has no size to copy" copy "$TMP/fifo" out.img
+# A name with a newline stays one line: control bytes show as \xNN.
+refused 1 'open '"$TMP"'/no\x0asuch: No such file or directory' \
+    info "$TMP/no"$'\n'"such"
 # info must not wait in open(2) for a writer to come (it used to hang).
 refused 1 "fifo is a named pipe: it has no size to show" info "$TMP/fifo"
 refused 1 "fifo is a named pipe: it has no size to show" info --map --json "$TMP/fifo"
