@@ -1075,7 +1075,8 @@ cmd_copy(int argc, char **argv)
       (!s.src->size_known || s.src->size != a.expect_size)) {
     /* Both front ends reach here: name copy's option and sparse_dd's. */
     log_error("%s is %llu bytes, not the %llu expected (--expect-size, "
-              "sparse_dd's -size): nothing copied", a.src, (unsigned long long)s.src->size,
+              "sparse_dd's -size): nothing copied", a.src,
+              (unsigned long long)s.src->size,
               (unsigned long long)a.expect_size);
     goto out;
   }
