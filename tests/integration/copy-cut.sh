@@ -48,8 +48,19 @@ copy_and_cut () {
         sleep 0.05
     done
     kill -0 "$pid" 2>/dev/null && alive="still running"
-    grep -q '"done": [1-9]' "$TMP/err" ||
+    if ! grep -q '"done": [1-9]' "$TMP/err"; then
+        # Rare in full suite runs, never seen alone: leave what the next
+        # failure needs to be understood (threads, sockets, nbdkit's log).
+        if [ "$alive" = "still running" ]; then
+            note "copy $pid: $(tr '\0' ' ' </proc/$pid/cmdline 2>/dev/null)"
+            ss -tnpi 2>/dev/null | grep -A1 "pid=$pid," >&2 || true
+            command -v gdb >/dev/null &&
+                command timeout 20 gdb -p "$pid" -batch \
+                    -ex "thread apply all bt" >&2 2>&1 || true
+        fi
+        tail -n 20 "$TMP/kit.log" >&2 2>/dev/null || true
         fail "the copy never made progress ($alive): $(cat "$TMP/err")"
+    fi
     kill -USR1 "$RELAY_PID"
     t0=$(date +%s.%N)
     rc=0
