@@ -51,11 +51,13 @@ copy_and_cut () {
     if ! grep -q '"done": [1-9]' "$TMP/err"; then
         # Rare in full suite runs, never seen alone: leave what the next
         # failure needs to be understood (threads, sockets, nbdkit's log).
-        if [ "$alive" = "still running" ]; then
-            note "copy $pid: $(tr '\0' ' ' </proc/$pid/cmdline 2>/dev/null)"
-            ss -tnpi 2>/dev/null | grep -A1 "pid=$pid," >&2 || true
+        local cpid
+        cpid=$(pgrep -P "$pid" | head -n 1) # under timeout(1)
+        if [ -n "$cpid" ]; then
+            note "copy $cpid: $(tr '\0' ' ' </proc/$cpid/cmdline 2>/dev/null)"
+            ss -tnpi 2>/dev/null | grep -A1 "pid=$cpid," >&2 || true
             command -v gdb >/dev/null &&
-                command timeout 20 gdb -p "$pid" -batch \
+                command timeout 20 gdb -p "$cpid" -batch \
                     -ex "thread apply all bt" >&2 2>&1 || true
         fi
         tail -n 20 "$TMP/kit.log" >&2 2>/dev/null || true
