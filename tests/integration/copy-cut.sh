@@ -36,12 +36,15 @@ relay_start () {
 # relay's connections once writes have completed, waits for the copy;
 # sets rc and CUT_S (seconds from the cut to the copy's end).
 copy_and_cut () {
+    # Emptied here, not only by the redirection below: that one runs in
+    # the background job, after the loop may already have read the last
+    # case's progress lines and taken them for this copy's.
+    : >"$TMP/err"
     timeout 60 "$NBDFLOW" copy --timeout 2 --progress=json --json \
         --request-size 256K --inflight 1M "$@" "$TMP/src.img" "$RURI" \
         >"$TMP/out" 2>"$TMP/err" &
     local pid=$! i t0 alive=exited
-    # Up to 30 s: under the sanitizers on a loaded machine, opening four
-    # connections through the relay has once taken over 10 s.
+    # Up to 30 s: the sanitizers on a loaded machine are slow to start.
     for ((i = 0; i < 600; i++)); do
         grep -q '"done": [1-9]' "$TMP/err" && break
         kill -0 "$pid" 2>/dev/null || break
@@ -49,8 +52,8 @@ copy_and_cut () {
     done
     kill -0 "$pid" 2>/dev/null && alive="still running"
     if ! grep -q '"done": [1-9]' "$TMP/err"; then
-        # Rare in full suite runs, never seen alone: leave what the next
-        # failure needs to be understood (threads, sockets, nbdkit's log).
+        # Leave what a failure needs to be understood (threads, sockets,
+        # nbdkit's log).
         local cpid
         cpid=$(pgrep -P "$pid" | head -n 1) # under timeout(1)
         if [ -n "$cpid" ]; then

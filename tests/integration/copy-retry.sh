@@ -37,6 +37,7 @@ kit_kill () {
 # (COPY_PID), its report in $TMP/out and its lines in $TMP/err; returns
 # once a write or read has completed.
 start_copy () {
+    : >"$TMP/err" # not the last copy's lines: the redirection below is late
     timeout 60 "$NBDFLOW" copy --progress=json --json --request-size 256K \
         --inflight 1M "$@" >"$TMP/out" 2>"$TMP/err" &
     COPY_PID=$!
