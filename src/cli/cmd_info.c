@@ -520,8 +520,10 @@ info_print_image(FILE *out, struct image *img, const char *target, bool json)
   img->ops->info(img, &in, true);
   size_format_exact(img->size, sz, sizeof sz);
   if (!json) {
-    fprintf(out, "file: %s\n\tformat: %s\n\tdisk-type: %s\n", target,
-            in.format, in.disk_type);
+    fprintf(out, "file: ");
+    info_text_str(out, target);
+    fprintf(out, "\n\tformat: %s\n\tdisk-type: %s\n", in.format,
+            in.disk_type);
     info_text_size(out, img->size);
     if (in.block_size)
       fprintf(out, "\tblock-size: %u\n", in.block_size);
@@ -616,7 +618,9 @@ info_check(struct info_args *a)
     return 1;
   }
   struct image_check c = { .report = info_check_report, .ctx = a->out };
-  fprintf(a->out, "check: %s\n\tformat: %s\n", a->target, img->ops->name);
+  fprintf(a->out, "check: ");
+  info_text_str(a->out, a->target);
+  fprintf(a->out, "\n\tformat: %s\n", img->ops->name);
   r = img->ops->check(img, &c);
   image_close(img);
   if (r < 0) {
@@ -694,7 +698,9 @@ info_file(const struct info_args *a)
             "\"export-size-str\": \"%s\"\n\t} ]\n}\n",
             (unsigned long long)size, size_format_exact(size, sz, sizeof sz));
   } else {
-    fprintf(a->out, "file: %s\n\tformat: raw\n", a->target);
+    fprintf(a->out, "file: ");
+    info_text_str(a->out, a->target);
+    fprintf(a->out, "\n\tformat: raw\n");
     info_text_size(a->out, size);
   }
   close(fd);

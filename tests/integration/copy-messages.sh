@@ -131,6 +131,14 @@ refused 1 "is a named pipe: it has no size to copy" copy "$TMP/fifo" out.img
 # A name with a newline stays one line: control bytes show as \xNN.
 refused 1 'open '"$TMP"'/no\x0asuch: No such file or directory' \
     info "$TMP/no"$'\n'"such"
+# ... and so does info's own output about such a file.
+nl_name="$TMP/a"$'\n'"b.img"
+truncate -s 1M "$nl_name"
+"$NBDFLOW" info "$nl_name" >"$TMP/info.out" 2>"$TMP/err" ||
+    fail "info of a name with a newline: $(cat "$TMP/err")"
+grep -qxF "file: $TMP/a\x0ab.img" "$TMP/info.out" ||
+    fail "info's file line is not one escaped line: $(cat "$TMP/info.out")"
+note "ok: info shows a name with a newline as \\x0a"
 # info must not wait in open(2) for a writer to come (it used to hang).
 refused 1 "fifo is a named pipe: it has no size to show" info "$TMP/fifo"
 refused 1 "fifo is a named pipe: it has no size to show" info --map --json "$TMP/fifo"
