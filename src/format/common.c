@@ -45,6 +45,16 @@ fmt_path_beside(const char *child, const char *name, char *out,
                 size_t outlen)
 {
   int n;
+  /* "./base.vhd" (a W2ru locator, a qcow2 backing name) is beside the
+   * child: drop the "./" so that the path shown reads dir/base.vhd, not
+   * dir/./base.vhd or ././base.vhd. */
+  while (name[0] == '.' && name[1] == '/') {
+    name++;
+    while (name[0] == '/')
+      name++;
+  }
+  if (name[0] == '\0')
+    return -ENOENT;
   if (name[0] == '/') {
     n = snprintf(out, outlen, "%s", name);
   } else {

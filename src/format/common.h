@@ -21,8 +21,9 @@ int fmt_read_full(int fd, struct image_io *io, void *buf, size_t len,
                   uint64_t off, size_t *got);
 
 /* A parent or backing file's path: name as it is when absolute, else
- * resolved against the directory of child (the image that names it).
- * -ENAMETOOLONG when it does not fit in out. */
+ * resolved against the directory of child (the image that names it),
+ * leading "./" dropped. -ENOENT when no name is left, -ENAMETOOLONG when
+ * it does not fit in out. */
 int fmt_path_beside(const char *child, const char *name, char *out,
                     size_t outlen);
 

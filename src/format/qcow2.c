@@ -287,9 +287,11 @@ q_open_backing(struct qcow2_priv *p, int k, const struct q_names *nm,
     return fmt_fail(err, errlen, -ELOOP,
                   "%s: a chain of more than %d images (a loop?)",
                   p->lv[0].path, QCOW2_MAX_DEPTH);
-  if (fmt_path_beside(child->path, nm->backing, path, sizeof path) < 0)
-    return fmt_fail(err, errlen, -ENAMETOOLONG, "%s: backing file name too "
-                  "long", child->path);
+  int r = fmt_path_beside(child->path, nm->backing, path, sizeof path);
+  if (r < 0)
+    return fmt_fail(err, errlen, r, "%s: backing file name \"%s\" %s",
+                  child->path, nm->backing,
+                  r == -ENOENT ? "names no file" : "too long");
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO */
   if (fd < 0)
     return fmt_fail(err, errlen, -errno,
@@ -322,7 +324,7 @@ q_open_backing(struct qcow2_priv *p, int k, const struct q_names *nm,
                   "raw backing files are read", p->lv[0].path, path,
                   nm->backing_fmt);
   }
-  int r = q_open_level(b, next, err, errlen);
+  r = q_open_level(b, next, err, errlen);
   if (r == 0)
     p->depth = k + 2;
   return r;

@@ -105,6 +105,22 @@ done
 cd "$TMP/c"
 ok "top.vhd from its own directory" copy --src-format vhd top.vhd "$TMP/rel.out"
 same "$TMP/rel.out" "$TMP/c/top.raw"
+# A W2ru parent beside its child (".\\base.vhd") is shown as the path that
+# was opened, without a "./" from the locator: from the child's own
+# directory ./base.vhd, from its parent directory s/base.vhd.
+mkdir -p "$TMP/s"
+gen make "$TMP/s/base.vhd" --type dynamic --size 2M --data "block:0"
+gen make "$TMP/s/kid.vhd" --type diff --parent "$TMP/s/base.vhd" \
+    --locators w2ru --data "sect:3"
+cd "$TMP/s"
+ok "kid.vhd from its own directory: info" info -f vhd kid.vhd
+[ "$(field parent)" = ./base.vhd ] ||
+    fail "parent shown as '$(field parent)', want ./base.vhd"
+cd "$TMP"
+ok "s/kid.vhd: info" info -f vhd s/kid.vhd
+[ "$(field parent)" = s/base.vhd ] ||
+    fail "parent shown as '$(field parent)', want s/base.vhd"
+note "ok: a W2ru parent beside its child is shown without ./ from the locator"
 cd "$TMP/w/x/y"
 
 # ---- Chain 2: fixed base, W2ku, then MacX absolute; 1 MiB and 512-byte
