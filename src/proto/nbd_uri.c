@@ -218,6 +218,11 @@ uri_parse_param(const char *p, size_t len, struct nbd_uri *u, char *err,
   else if (klen == 12 && memcmp(p, "tls-psk-file", 12) == 0)
     slot = &u->tls_psk_file;
   else if (klen == 15 && memcmp(p, "tls-verify-peer", 15) == 0) {
+    if (u->tls_verify_peer >= 0) {
+      free(val);
+      return uri_fail(err, errlen, "query parameter 'tls-verify-peer' "
+                      "given twice");
+    }
     bool ok = dlen == 1 && (val[0] == '0' || val[0] == '1');
     u->tls_verify_peer = val[0] == '1';
     free(val);
@@ -237,7 +242,12 @@ uri_parse_param(const char *p, size_t len, struct nbd_uri *u, char *err,
     free(val);
     return uri_fail(err, errlen, "NUL byte in query '%.*s'", (int)len, p);
   }
-  free(*slot);
+  if (*slot) {
+    /* Which one a reader would take is a guess: say so instead. */
+    free(val);
+    return uri_fail(err, errlen, "query parameter '%.*s' given twice",
+                    (int)klen, p);
+  }
   *slot = val;
   return 0;
 }

@@ -137,6 +137,11 @@ main(void)
   expect_fail("nbd://host:65536/", "port too large");
   expect_fail("nbd://host:12a/", "port not a number");
   expect_fail("nbd://[::1/", "unterminated IPv6 literal");
+  /* A parameter given twice: which one counts would be a guess. */
+  expect_fail("nbd+unix:///?socket=/a&socket=/b", "socket given twice");
+  expect_fail("nbds://h/?tls-psk-file=a;tls-psk-file=b", "psk file twice");
+  expect_fail("nbds://h/?tls-verify-peer=0&tls-verify-peer=1",
+              "tls-verify-peer given twice");
   expect_fail("nbd://[fe80::1%eth0]/", "bad IPv6 literal");
   /* Only the zone is decoded: an escape in the address, a raw '%', an
    * empty zone or a control byte in it are refused, not reinterpreted. */
