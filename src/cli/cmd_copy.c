@@ -548,6 +548,12 @@ copy_parse(int argc, char **argv, struct copy_args *a)
       }
       break;
     case OPT_NBD_EXPORT:
+      /* Checked as a URI's export name is: NBD's strings are UTF-8. */
+      if (strlen(optarg) > 4096 || !text_utf8_valid(optarg)) {
+        log_error("--nbd-export: the name is not UTF-8 text of at most "
+                  "4096 bytes, as NBD requires");
+        return 2;
+      }
       a->nbd_export = optarg;
       break;
     case OPT_BASE:

@@ -13,6 +13,7 @@
 #include <strings.h>
 
 #include "nbd.h"
+#include "util/text.h"
 #include "util/uri.h"
 
 static const struct {
@@ -328,6 +329,11 @@ uri_parse_parts(const char *s, struct nbd_uri *u, char *err, size_t errlen)
     if (n > NBD_MAX_STRING)
       return uri_fail(err, errlen, "export name longer than %d bytes",
                       NBD_MAX_STRING);
+    /* The protocol's strings are UTF-8 (§Conventions). A NUL byte cannot
+     * be sent either: it would end the name early. */
+    if (strlen(u->export_name) != n || !text_utf8_valid(u->export_name))
+      return uri_fail(err, errlen, "export name '%.*s' is not UTF-8 text, "
+                      "as NBD requires", (int)plen - 1, p + 1);
   } else {
     u->export_name = strdup("");
   }

@@ -30,6 +30,18 @@ text_utf8_len(const unsigned char *p)
   return n;
 }
 
+bool
+text_utf8_valid(const char *s)
+{
+  for (const unsigned char *p = (const unsigned char *)s; *p;) {
+    size_t n = *p < 0x80 ? 1 : text_utf8_len(p);
+    if (n == 0)
+      return false;
+    p += n;
+  }
+  return true;
+}
+
 void
 text_json_str(FILE *out, const char *s)
 {

@@ -131,6 +131,11 @@ refused 1 "is a named pipe: it has no size to copy" copy "$TMP/fifo" out.img
 # A name with a newline stays one line: control bytes show as \xNN.
 refused 1 'open '"$TMP"'/no\x0asuch: No such file or directory' \
     info "$TMP/no"$'\n'"such"
+# NBD's strings are UTF-8: an export name that is not is never sent.
+refused 2 "export name 'a%FFb' is not UTF-8 text, as NBD requires" \
+    info "nbd://127.0.0.1:9/a%FFb"
+refused 2 "--nbd-export: the name is not UTF-8 text of at most 4096 bytes" \
+    copy --nbd-export $'a\xffb' zero:1M http://127.0.0.1:9/x
 # ... and so does info's own output about such a file.
 nl_name="$TMP/a"$'\n'"b.img"
 truncate -s 1M "$nl_name"

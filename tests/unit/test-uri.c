@@ -137,6 +137,12 @@ main(void)
   expect_fail("nbd://host:65536/", "port too large");
   expect_fail("nbd://host:12a/", "port not a number");
   expect_fail("nbd://[::1/", "unterminated IPv6 literal");
+  /* NBD's strings are UTF-8: a name that is not is refused, not sent. */
+  expect_fail("nbd://h/a%FFb", "export name not UTF-8");
+  expect_fail("nbd://h/%C0%80", "export name with an overlong NUL");
+  expect_fail("nbd://h/%ED%A0%80", "export name with a surrogate");
+  expect_ok("nbd://h/%C3%A9t%C3%A9", false, false, "h", "10809", NULL,
+            "\xc3\xa9t\xc3\xa9");
   /* A parameter given twice: which one counts would be a guess. */
   expect_fail("nbd+unix:///?socket=/a&socket=/b", "socket given twice");
   expect_fail("nbds://h/?tls-psk-file=a;tls-psk-file=b", "psk file twice");
