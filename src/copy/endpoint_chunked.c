@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "copy/endpoint.h"
+#include "net/loop.h"
 #include "net/sock.h"
 #include "net/tcpinfo.h"
 #include "net/tls.h"
@@ -145,6 +146,50 @@ chunked_frame(struct chunked_priv *p, uint64_t off, const uint8_t *buf,
   return r;
 }
 
+/* Seconds to wait, after the end marker, for the receiver to close the
+ * connection when --timeout does not say. */
+#define CHUNKED_CLOSE_WAIT_S 300
+
+/* After the end marker on a connection: Chunked has no reply, but a
+ * receiver closes the connection once the whole stream is stored (xapi
+ * does, as xapi's sparse_dd waits for; nbdflow serve does after its
+ * flush). One that stopped early resets it instead: closed with bytes
+ * still unread, or on purpose after a failed write or flush. Without this
+ * wait the frames that the socket buffers held would count as delivered,
+ * and the copy would succeed with part of the disk lost. 0 at an orderly
+ * close; -ECONNRESET (and a sentence in errmsg) or another -errno. */
+static int
+chunked_await_close(struct chunked_priv *p, char *errmsg, size_t errlen)
+{
+  int wait_ms = p->timeout_ms >= 0 ? p->timeout_ms
+                                   : CHUNKED_CLOSE_WAIT_S * 1000;
+  uint64_t deadline = loop_now_ms() + (uint64_t)wait_ms;
+  uint8_t buf[4096];
+  for (;;) {
+    ssize_t n = p->conn.tp.ops->recv(&p->conn.tp, buf, sizeof buf);
+    if (n == 0)
+      return 0;
+    if (n > 0)
+      continue; /* the receiver may say something: nothing depends on it */
+    if (n != -EAGAIN && n != -EINTR) {
+      snprintf(errmsg, errlen, "after the end marker the receiver %s: it "
+               "did not store the whole stream (its log says why)",
+               n == -ECONNRESET ? "reset the connection"
+                                : "broke the connection");
+      return (int)n;
+    }
+    uint64_t now = loop_now_ms();
+    struct pollfd pfd = { .fd = p->conn.fd, .events = POLLIN };
+    if (now >= deadline ||
+        poll(&pfd, 1, (int)(deadline - now)) == 0) {
+      snprintf(errmsg, errlen, "the receiver did not close the connection "
+               "within %d s of the end marker: whether it stored the "
+               "stream is not known", wait_ms / 1000);
+      return -ETIMEDOUT;
+    }
+  }
+}
+
 static void
 chunked_work(struct work *w)
 {
@@ -165,6 +210,8 @@ chunked_work(struct work *w)
     if (r == 0) {
       p->ended = true;
       p->sent += sizeof hdr;
+      if (p->conn.tp.ops)
+        r = chunked_await_close(p, op->errmsg, sizeof op->errmsg);
     }
   } else {
     const uint8_t *buf = op->type == EP_WRITE ? op->buf : NULL;
@@ -184,7 +231,7 @@ chunked_work(struct work *w)
   }
   if (r < 0 && p->err == 0) {
     p->err = -r;
-    if (r == -EPIPE || r == -ECONNRESET)
+    if ((r == -EPIPE || r == -ECONNRESET) && op->errmsg[0] == '\0')
       snprintf(op->errmsg, sizeof op->errmsg, "the receiver closed the "
                "connection after %llu bytes of frames",
                (unsigned long long)p->sent);

@@ -47,6 +47,7 @@ struct xsess {
   struct transport tp;
   char peer[80];
   bool handed_over;       /* the fd became an NBD connection */
+  bool failed;            /* a body not stored whole: close with a reset */
   int npipes;             /* 0: no splicing (TLS, a backend without it) */
   struct xpipe pipes[XAPI_PIPES];
   size_t pipe_size;
@@ -463,13 +464,16 @@ xs_import(struct xsess *ss, const struct http_request *rq)
   }
   xs_answer(ss, 200, "OK", NULL, NULL);
   if (rq->chunked) {
-    (void)xs_chunked(ss, e);
+    ss->failed = xs_chunked(ss, e) < 0;
     return;
   }
   uint8_t *buf = malloc(CHUNKED_MAX_FRAME);
   char why[256] = "";
-  if (buf == NULL)
+  if (buf == NULL) {
+    log_warn("%s: raw body into \"%s\": out of memory", ss->peer, e->name);
+    ss->failed = true;
     return;
+  }
   xs_pipe_setup(ss, e);
   r = xs_body_into(ss, e, buf, CHUNKED_MAX_FRAME, 0, rq->content_length, why,
                    sizeof why);
@@ -478,6 +482,7 @@ xs_import(struct xsess *ss, const struct http_request *rq)
   free(buf);
   if (r == 0)
     r = e->ops->flush(e);
+  ss->failed = r < 0;
   if (r < 0)
     log_warn("%s: raw body into \"%s\": %s", ss->peer, e->name,
              why[0] ? why : strerror(-r));
@@ -590,7 +595,7 @@ xs_thread(void *arg)
       log_warn("%s: chunked: the default export is %s", ss->peer,
                e ? "read-only" : "missing");
     else
-      (void)xs_chunked(ss, e);
+      ss->failed = xs_chunked(ss, e) < 0;
   }
   if (ss->tp.ops)
     ss->tp.ops->free(&ss->tp);
@@ -608,8 +613,15 @@ xs_thread(void *arg)
     x->sessions = ss->next;
   if (ss->next)
     ss->next->prev = ss->prev;
-  if (!ss->handed_over)
+  if (!ss->handed_over) {
+    if (ss->failed) {
+      /* A reset, not a FIN: a sender waiting for the close after its
+       * last frame learns that the stream was not stored. */
+      struct linger lg = { .l_onoff = 1, .l_linger = 0 };
+      (void)setsockopt(ss->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    }
     close(ss->fd);
+  }
   x->active--;
   pthread_cond_broadcast(&x->idle);
   pthread_mutex_unlock(&x->lock);

@@ -18,12 +18,31 @@ reset () { truncate -s 0 "$1"; truncate -s "$size" "$1"; }
 
 reset "$TMP/exp.img"
 HPORT=$(free_port)
-serve_tcp --http "127.0.0.1:$HPORT" "disk=$TMP/exp.img"
+truncate -s $((size - (1 << 20))) "$TMP/small.img"
+serve_tcp --http "127.0.0.1:$HPORT" "disk=$TMP/exp.img" "small=$TMP/small.img"
 base=http://127.0.0.1:$HPORT
 check "copy -> serve --http /import_raw_vdi (Chunked body)" \
     "$NBDFLOW" copy "$TMP/src.img" "$base/import_raw_vdi?vdi=disk&format=raw"
-wait_for grep -q 'chunked into "disk".*flushed' "$SERVER_LOG"
+# Chunked has no reply, but the copy waits for the receiver's close after
+# the end marker, which our server gives after its flush.
+grep -q 'chunked into "disk".*flushed' "$SERVER_LOG" ||
+    fail "the copy ended before the receiver flushed: $(cat "$SERVER_LOG")"
 same "$TMP/src.img" "$TMP/exp.img"
+
+# A receiver that stops early (its disk is 1 MiB short) resets the
+# connection. The socket buffers took every frame, so only that reset
+# tells the sender: the copy fails, and sparse_dd never says 100.
+rc=0
+"$NBDFLOW" sparse_dd -machine -src "$TMP/src.img" \
+    -dest "$base/import_raw_vdi?vdi=small&format=raw" -size "$size" \
+    >"$TMP/prog" 2>"$TMP/err" || rc=$?
+[ "$rc" = 1 ] || fail "a stream the receiver stopped: exit $rc: $(cat "$TMP/err")"
+grep -Eq 'reset the connection|closed the connection' "$TMP/err" ||
+    fail "the error does not say that the receiver gave up: $(cat "$TMP/err")"
+! grep -aq 'Progress: 100' "$TMP/prog" ||
+    fail "sparse_dd reported 100 for a stream the receiver did not store"
+wait_for grep -q 'chunked into "small".*beyond the export' "$SERVER_LOG"
+note "ok: a receiver that stopped early fails the copy: $(tail -n 1 "$TMP/err")"
 
 reset "$TMP/exp.img"
 check "copy -> serve --http /nbd/disk (NBD after the upgrade)" \
