@@ -662,6 +662,7 @@ struct copy_session {
   struct ep_env env;
   bool env_ok;
   struct endpoint *src, *dst;
+  struct endpoint *base; /* --base, until a delta endpoint owns it */
 };
 
 static int
@@ -684,6 +685,7 @@ copy_session_close(struct copy_session *s)
     ep_env_fini(&s->env); /* joins workers before endpoints go away */
   endpoint_close(s->src);
   endpoint_close(s->dst);
+  endpoint_close(s->base);
   loop_free(s->loop);
 }
 
@@ -1050,25 +1052,35 @@ cmd_copy(int argc, char **argv)
     log_error("%s", err);
     goto out;
   }
+  if (a.expect_size_given &&
+      (!s.src->size_known || s.src->size != a.expect_size)) {
+    /* Both front ends reach here: name copy's option and sparse_dd's.
+     * Before --base's comparison, which reads both in full. */
+    log_error("%s is %llu bytes, not the %llu expected (--expect-size, "
+              "sparse_dd's -size): nothing copied", a.src,
+              (unsigned long long)s.src->size,
+              (unsigned long long)a.expect_size);
+    goto out;
+  }
   if (a.base) {
     /* DST holds BASE: only the blocks where SRC differs are sent, data
      * whole (a changed block of zeroes is written too), the rest skipped
      * as a destination that already reads right. */
-    struct endpoint *base, *delta;
-    if (endpoint_open(&s.env, a.base, &so, &base, err, sizeof err) < 0) {
+    struct endpoint *delta;
+    if (endpoint_open(&s.env, a.base, &so, &s.base, err, sizeof err) < 0) {
       log_error("--base: %s", err);
       goto out;
     }
     struct target bt;
     target_parse(a.base, false, &bt);
-    if (endpoint_open_delta(&s.env, s.src, base,
+    if (endpoint_open_delta(&s.env, s.src, s.base,
                             bt.kind == TARGET_FILE ? bt.arg : NULL, &delta,
                             err, sizeof err) < 0) {
-      s.src = NULL; /* closed with the base */
       log_error("%s", err);
       goto out;
     }
     s.src = delta;
+    s.base = NULL; /* the delta's now */
     a.o.dst_is_zero = true;
     a.o.no_zero_detect = true;
     log_info("--base %s: %llu bytes differ (%s)", a.base,
@@ -1076,15 +1088,6 @@ cmd_copy(int argc, char **argv)
              endpoint_delta_by_chain(delta)
                  ? "by the image chain: the base was not read"
                  : "compared block by block");
-  }
-  if (a.expect_size_given &&
-      (!s.src->size_known || s.src->size != a.expect_size)) {
-    /* Both front ends reach here: name copy's option and sparse_dd's. */
-    log_error("%s is %llu bytes, not the %llu expected (--expect-size, "
-              "sparse_dd's -size): nothing copied", a.src,
-              (unsigned long long)s.src->size,
-              (unsigned long long)a.expect_size);
-    goto out;
   }
   if (copy_space_check(&a, s.src) < 0)
     goto out;
@@ -1161,8 +1164,9 @@ cmd_copy(int argc, char **argv)
     (void)dprintf(a.o.progress_fd, "100/100\n");
   rc = 0;
 out:
-  copy_peer_error = rc != 0 && ((s.src && s.src->peer_error) ||
-                                (s.dst && s.dst->peer_error));
+  copy_peer_error = rc != 0 && (endpoint_peer_error(s.src) ||
+                                endpoint_peer_error(s.dst) ||
+                                endpoint_peer_error(s.base));
   copy_chunks_free(&chunks);
   copy_chunks_free(&rest);
   copy_session_close(&s);

@@ -167,6 +167,9 @@ struct endpoint_ops {
    * again, and returns 0; -1 otherwise, and the engine abandons the
    * requests in flight as it does without this. */
   int (*lost)(struct endpoint *e, const char *why);
+  /* Optional: an endpoint over others (the --base delta) says whether
+   * one of them had an error reply (see peer_error below). */
+  bool (*inner_peer_error)(const struct endpoint *e);
 };
 
 struct endpoint {
@@ -275,7 +278,8 @@ struct endpoint_opts {
   const uint8_t *alloc;
   uint32_t alloc_block;
   /* Destinations: --dst-protocol; the export an http(s) URL's NBD
-   * session asks for (--nbd-export); https: the CA directory and the
+   * session asks for, or an NBD URI's when it names none (--nbd-export);
+   * https: the CA directory and the
    * peer check (--tls-certificates, --tls-verify-peer). */
   enum ep_protocol protocol;
   const char *nbd_export;
@@ -296,6 +300,14 @@ struct endpoint_opts {
 int endpoint_open(struct ep_env *env, const char *spec,
                   const struct endpoint_opts *o, struct endpoint **out,
                   char *err, size_t errlen);
+/* E (may be NULL), or an endpoint under it, had an error reply. */
+static inline bool
+endpoint_peer_error(const struct endpoint *e)
+{
+  return e && (e->peer_error ||
+               (e->ops->inner_peer_error && e->ops->inner_peer_error(e)));
+}
+
 /* Frees E. Its env's workers must have been joined first (ep_env_fini):
  * a file source's first extents lookup may still be queued on them, and
  * its completion is never drained after that. */
@@ -366,7 +378,9 @@ int endpoint_open_chunked_socket(struct ep_env *env, const char *spec,
  * a copy with dst_is_zero sends only what differs (endpoint_delta.c).
  * When SRC is an image whose chain holds the file base_path (may be
  * NULL), the blocks its levels above BASE allocate are the difference,
- * and nothing is compared. */
+ * and nothing is compared. On success the delta owns SRC and BASE; on
+ * failure they stay the caller's, to close after ep_env_fini like any
+ * endpoint (a file's extents prefetch may still be queued). */
 int endpoint_open_delta(struct ep_env *env, struct endpoint *src,
                         struct endpoint *base, const char *base_path,
                         struct endpoint **out, char *err, size_t errlen);

@@ -206,6 +206,13 @@ delta_map(struct endpoint *e, uint64_t off, uint64_t len,
   return p->src->ops->map(p->src, off, len, m);
 }
 
+static bool
+delta_inner_peer_error(const struct endpoint *e)
+{
+  const struct delta_priv *p = e->priv;
+  return p && (endpoint_peer_error(p->src) || endpoint_peer_error(p->base));
+}
+
 static void
 delta_close(struct endpoint *e)
 {
@@ -224,6 +231,7 @@ static const struct endpoint_ops delta_ops = {
   .submit = delta_submit,
   .close = delta_close,
   .map = delta_map,
+  .inner_peer_error = delta_inner_peer_error,
 };
 
 int
@@ -237,8 +245,6 @@ endpoint_open_delta(struct ep_env *env, struct endpoint *src,
              !src->size_known || !base->size_known
                  ? "the source and the base must have known sizes"
                  : "the base's size differs from the source's");
-    endpoint_close(src);
-    endpoint_close(base);
     return -EINVAL;
   }
   struct delta_priv *p = calloc(1, sizeof *p);
@@ -250,8 +256,6 @@ endpoint_open_delta(struct ep_env *env, struct endpoint *src,
     free(p ? p->changed : NULL);
     free(p);
     free(e);
-    endpoint_close(src);
-    endpoint_close(base);
     snprintf(err, errlen, "out of memory");
     return -ENOMEM;
   }
@@ -271,7 +275,9 @@ endpoint_open_delta(struct ep_env *env, struct endpoint *src,
     r = delta_compare(env, p, err, errlen);
   }
   if (r < 0) {
-    endpoint_close(e);
+    free(p->changed);
+    free(p);
+    free(e); /* src and base stay the caller's */
     return r;
   }
   e->size = src->size;
