@@ -24,6 +24,8 @@
 #include "format/image.h"
 #include "format/target.h"
 #include "net/loop.h"
+#include "proto/http.h"
+#include "proto/nbd_uri.h"
 #include "util/log.h"
 #include "util/size.h"
 #include "util/text.h"
@@ -74,7 +76,8 @@ copy_usage(FILE *f)
     "                         also into a file or '-'); counted as sent when\n"
     "                         the socket takes them: there is no reply\n"
     "  --nbd-export NAME      the export an http(s) DST's NBD session asks for\n"
-    "                         (default: the empty name)\n"
+    "                         (default: the empty name), or an NBD URI's\n"
+    "                         when it names none\n"
     "  --tls-certificates DIR https: ca-cert.pem to check the server with\n"
     "                         (default: the system's trusted CAs)\n"
     "  --tls-verify-peer false  https: accept any server certificate\n"
@@ -618,6 +621,41 @@ copy_parse(int argc, char **argv, struct copy_args *a)
   }
   a->src = argv[optind];
   a->dst = argv[optind + 1];
+  bool dst_http = http_url_is_http(a->dst);
+  bool dst_chunked = strncmp(a->dst, "chunked+tcp://", 14) == 0 ||
+                     strncmp(a->dst, "chunked+unix://", 15) == 0;
+  bool dst_nbd = !dst_http && !dst_chunked && uri_is_uri(a->dst);
+  if (a->nbd_export && !dst_http && !dst_nbd) {
+    log_error("--nbd-export names the export of an http(s) or NBD "
+              "DESTINATION; '%s' is neither", a->dst);
+    return 2;
+  }
+  if (a->nbd_export && dst_nbd) {
+    /* It fills in a URI's empty export name; two names are a mistake. */
+    struct nbd_uri u;
+    char err[256];
+    if (uri_parse(a->dst, &u, err, sizeof err) == 0) {
+      bool two = u.export_name[0] && strcmp(u.export_name, a->nbd_export);
+      if (two)
+        log_error("DESTINATION '%s' names export \"%s\" and --nbd-export "
+                  "\"%s\": give one", a->dst, u.export_name,
+                  a->nbd_export);
+      uri_free(&u);
+      if (two)
+        return 2;
+    }
+  }
+  if (a->dst_protocol == EP_PROTO_NBD && !dst_http && !dst_nbd) {
+    log_error("--dst-protocol nbd: DESTINATION '%s' is not an http(s) URL "
+              "or an NBD URI", a->dst);
+    return 2;
+  }
+  if (a->dst_protocol == EP_PROTO_CHUNKED && dst_nbd) {
+    log_error("--dst-protocol chunked: Chunked frames go to a file, '-', "
+              "chunked+tcp://, chunked+unix:// or an http(s) URL, not to "
+              "NBD URI '%s'", a->dst);
+    return 2;
+  }
   if (a->o.allocated && a->o.dst_is_zero) {
     log_error("--allocated writes every zero range and "
               "--destination-is-zero skips them: use one or the other");

@@ -20,11 +20,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "cli/cmd.h"
 #include "proto/chunked.h"
 #include "util/size.h"
+#include "util/uri.h"
 
 #define SPARSE_DD_NBD_ERROR 5
 
@@ -33,23 +35,27 @@ sparse_dd_usage(FILE *f)
 {
   fprintf(f,
 "Usage: nbdflow sparse_dd -src SRC -dest DEST -size BYTES [-machine]\n"
-"         [-prezeroed] [-base BASE] [-dest-proto nbd|chunked|none]\n"
+"         [-progress] [-prezeroed] [-base BASE]\n"
+"         [-dest-proto nbd|chunked|none]\n"
 "         [-nbd-export NAME] [-encryption-mode always|never|user]\n"
 "         [-good-ciphersuites S] [-legacy-ciphersuites S] [-ssl-legacy]\n"
 "\n"
 "xapi's sparse_dd command line, run as 'nbdflow copy':\n"
 "  -src SRC            a file, block device or NBD URI\n"
-"  -dest DEST          a file (or file://PATH), an NBD URI, or an http(s)\n"
+"  -dest DEST          a file (or file:///PATH), an NBD URI, or an http(s)\n"
 "                      URL (a PUT, then NBD or Chunked as the answer says)\n"
 "  -size BYTES         the size to copy: must be the source's\n"
 "  -prezeroed          the destination reads as zeroes: skip zero ranges\n"
 "                      (copy --target-is-zero)\n"
 "  -dest-proto P       nbd or chunked (copy --dst-protocol); none: the raw\n"
 "                      bytes, into a file only\n"
-"  -nbd-export NAME    the export an NBD destination asks for\n"
+"  -nbd-export NAME    the export an http(s) destination's NBD session asks\n"
+"                      for (an NBD URI names its own)\n"
 "  -encryption-mode M  always: http becomes https; never: https becomes\n"
 "                      http; user (the default): as written\n"
 "  -machine            progress on stdout as Chunked frames 'Progress: N'\n"
+"  -progress           without -machine: the percentage on stderr even when\n"
+"                      it is not a terminal\n"
 "  -good-ciphersuites S OpenSSL suites, as the GnuTLS priority offering\n"
 "                      their AEAD ciphers (copy --tls-priority; see\n"
 "                      docs/sparse_dd.md)\n"
@@ -69,7 +75,8 @@ sparse_dd_usage(FILE *f)
 struct progress_relay {
   int rfd;
   bool machine;
-  bool tty;     /* without -machine: a percentage on a terminal only */
+  bool percent; /* without -machine: a percentage on stderr (a terminal,
+                 * or -progress) */
 };
 
 /* Writes one frame of progress (or the end header when text is NULL). */
@@ -101,7 +108,7 @@ sparse_dd_relay(void *arg)
       char text[32];
       snprintf(text, sizeof text, "Progress: %d", pct);
       sparse_dd_frame(text);
-    } else if (pr->tty) {
+    } else if (pr->percent) {
       fprintf(stderr, "\r%3d%%", pct);
     }
   }
@@ -109,20 +116,33 @@ sparse_dd_relay(void *arg)
     fclose(f);
   if (pr->machine)
     sparse_dd_frame(NULL);
-  else if (last >= 0 && pr->tty)
+  else if (last >= 0 && pr->percent)
     fprintf(stderr, "\n");
   return NULL;
 }
 
-/* "file://PATH" is a path; http(s) follows -encryption-mode. Returns a
- * string to free, or NULL after a message. */
+/* The copy's DST for -dest d, or NULL after a message in why:
+ * - file:///PATH (or file://localhost/PATH), percent-decoded, is PATH as
+ *   it is: always absolute, so never one of copy's prefixes ("-",
+ *   "null:", "vhd:"...);
+ * - http(s), in any case, follows -encryption-mode;
+ * - anything else is copy's DST as written. */
 static char *
-sparse_dd_dest(const char *d, const char *mode)
+sparse_dd_dest(const char *d, const char *mode, char *why, size_t whylen)
 {
-  if (strncmp(d, "file://", 7) == 0)
-    return strdup(d + 7);
-  bool http = strncmp(d, "http://", 7) == 0;
-  bool https = strncmp(d, "https://", 8) == 0;
+  if (strncasecmp(d, "file://", 7) == 0) {
+    const char *p = d + 7;
+    if (strncasecmp(p, "localhost/", 10) == 0)
+      p += 9;
+    char *path = p[0] == '/' ? uri_decode(p, strlen(p), false, NULL) : NULL;
+    if (path == NULL)
+      snprintf(why, whylen, "-dest '%.200s': a file URL is file:///PATH "
+               "(an absolute path, %%XX escapes allowed, no host but "
+               "localhost)", d);
+    return path;
+  }
+  bool http = strncasecmp(d, "http://", 7) == 0;
+  bool https = strncasecmp(d, "https://", 8) == 0;
   char *out = NULL;
   if (strcmp(mode, "always") == 0 && http) {
     if (asprintf(&out, "https://%s", d + 7) < 0)
@@ -133,6 +153,8 @@ sparse_dd_dest(const char *d, const char *mode)
   } else {
     out = strdup(d);
   }
+  if (out == NULL)
+    snprintf(why, whylen, "out of memory");
   return out;
 }
 
@@ -202,7 +224,7 @@ cmd_sparse_dd(int argc, char **argv)
   const char *good = NULL; /* -good-ciphersuites */
   const char *src = NULL, *dest = NULL, *size_s = NULL, *proto = NULL;
   const char *export_name = NULL, *mode = "user", *base = NULL;
-  bool machine = false, prezeroed = false;
+  bool machine = false, prezeroed = false, progress_bar = false;
   for (int i = 1; i < argc; i++) {
     const char *o = argv[i];
     bool has_arg = i + 1 < argc;
@@ -212,6 +234,8 @@ cmd_sparse_dd(int argc, char **argv)
       return 0;
     } else if (strcmp(o, "-machine") == 0) {
       machine = true;
+    } else if (strcmp(o, "-progress") == 0) {
+      progress_bar = true;
     } else if (strcmp(o, "-prezeroed") == 0) {
       prezeroed = true;
     } else if (strcmp(o, "-ssl-legacy") == 0) {
@@ -267,10 +291,14 @@ cmd_sparse_dd(int argc, char **argv)
     dst_proto = "chunked";
   else if (proto && strcmp(proto, "none") != 0)
     return cmd_usage_error("sparse_dd", "-dest-proto: nbd, chunked or none");
-  char *d = sparse_dd_dest(dest, mode);
-  if (d == NULL) {
-    log_error("out of memory");
-    return 1;
+  char why[320];
+  char *d = sparse_dd_dest(dest, mode, why, sizeof why);
+  if (d == NULL)
+    return cmd_usage_error("sparse_dd", why);
+  if (machine && strcmp(d, "-") == 0) {
+    free(d);
+    return cmd_usage_error("sparse_dd", "-dest -: stdout carries -machine's "
+                           "progress frames");
   }
   if (proto && strcmp(proto, "none") == 0 &&
       (strstr(d, "://") != NULL)) {
@@ -297,7 +325,8 @@ cmd_sparse_dd(int argc, char **argv)
     return 1;
   }
   struct progress_relay pr = { .rfd = pfd[0], .machine = machine,
-                               .tty = isatty(STDERR_FILENO) };
+                               .percent = progress_bar ||
+                                          isatty(STDERR_FILENO) };
   pthread_t t;
   if (pthread_create(&t, NULL, sparse_dd_relay, &pr) != 0) {
     log_error("cannot start the progress thread");
@@ -306,13 +335,12 @@ cmd_sparse_dd(int argc, char **argv)
     free(d);
     return 1;
   }
-  char progress[32], proto_opt[32], export_opt[300], size_opt[40];
-  char *base_opt = NULL;
+  char progress[32], proto_opt[32], size_opt[40];
   snprintf(progress, sizeof progress, "--progress=%d", pfd[1]);
   snprintf(proto_opt, sizeof proto_opt, "--dst-protocol=%s", dst_proto);
   snprintf(size_opt, sizeof size_opt, "--expect-size=%llu",
            (unsigned long long)size);
-  char *cargv[16];
+  char *cargv[24];
   int cargc = 0;
   cargv[cargc++] = "copy";
   cargv[cargc++] = progress;
@@ -320,29 +348,23 @@ cmd_sparse_dd(int argc, char **argv)
   cargv[cargc++] = size_opt;
   if (prezeroed)
     cargv[cargc++] = "--target-is-zero";
+  /* Values as arguments of their own: never cut, never re-parsed. */
   if (base) {
-    if (asprintf(&base_opt, "--base=%s", base) < 0) {
-      log_error("out of memory");
-      close(pfd[1]);
-      pthread_join(t, NULL);
-      free(d);
-      return 1;
-    }
-    cargv[cargc++] = base_opt;
+    cargv[cargc++] = "--base";
+    cargv[cargc++] = (char *)base;
   }
   if (export_name) {
-    snprintf(export_opt, sizeof export_opt, "--nbd-export=%s", export_name);
-    cargv[cargc++] = export_opt;
+    cargv[cargc++] = "--nbd-export";
+    cargv[cargc++] = (char *)export_name;
   }
   if (good)
     cargv[cargc++] = prio_opt;
   /* xapi's command line has no place for a CA: the environment's, else
    * the system's trusted CAs check an https server. */
-  char ca_opt[300];
   const char *ca = getenv("NBDFLOW_TLS_CERTIFICATES");
   if (ca && *ca) {
-    snprintf(ca_opt, sizeof ca_opt, "--tls-certificates=%s", ca);
-    cargv[cargc++] = ca_opt;
+    cargv[cargc++] = "--tls-certificates";
+    cargv[cargc++] = (char *)ca;
   }
   cargv[cargc++] = "--";
   cargv[cargc++] = (char *)src;
@@ -352,7 +374,6 @@ cmd_sparse_dd(int argc, char **argv)
   close(pfd[1]);
   pthread_join(t, NULL);
   free(d);
-  free(base_opt);
   if (rc != 0 && rc != 2 && copy_peer_error)
     return SPARSE_DD_NBD_ERROR;
   return rc;
