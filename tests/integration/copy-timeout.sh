@@ -174,4 +174,20 @@ print(h.hexdigest())')
     fail "sum after a stop: $(cat "$TMP/out") != $want"
 kit_stop
 note "ok: 4 s stopped with reads in flight is no timeout"
+
+# A server that zeroes by writing, slowly (about 85 MiB/s here): a
+# 384 MiB hole in one request (4.5 s) would outlast --timeout 2 while the
+# server works on; the copy zeroes in 64 MiB pieces (0.75 s each) and
+# lands whole.
+make_sparse "$TMP/hole.img" 392 "0:8"
+dd if=/dev/urandom of="$TMP/zdst.img" bs=1M count=392 status=none
+kit "$TMP/zero.sock" --filter=nozero --filter=rate file "$TMP/zdst.img" \
+    zeromode=emulate rate=512M
+rc=0
+timeout 60 "$NBDFLOW" copy --timeout 2 "$TMP/hole.img" \
+    "$(uri "$TMP/zero.sock")" 2>"$TMP/err" || rc=$?
+[ "$rc" = 0 ] || fail "a slow zeroing server: exit $rc: $(cat "$TMP/err")"
+kit_stop
+same "$TMP/hole.img" "$TMP/zdst.img"
+note "ok: a 384 MiB hole into a slowly zeroing server, --timeout 2"
 echo "PASS"
