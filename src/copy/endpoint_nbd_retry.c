@@ -235,8 +235,12 @@ ep_nbd_lost(struct endpoint *e, int err, const char *why)
   if (p->reconnecting || p->gave_up)
     return;
   p->lost_err = err;
-  snprintf(p->lost_msg, sizeof p->lost_msg, "%s", why && why[0] ? why
-                                                    : strerror(err));
+  /* ESHUTDOWN is the client's word for an end of stream: its text
+   * ("Cannot send after transport endpoint shutdown") would mislead. */
+  snprintf(p->lost_msg, sizeof p->lost_msg, "%s",
+           why && why[0]         ? why
+           : err == ESHUTDOWN ? "the server closed the connection"
+                              : strerror(err));
   p->reconnecting = true;
   p->drop_pending = true;
   if (p->attempts >= p->retry_max) {
@@ -246,9 +250,14 @@ ep_nbd_lost(struct endpoint *e, int err, const char *why)
   } else {
     uint64_t wait = nbd_retry_wait_us(p, p->attempts + 1);
     p->retry_at_us = loop_now_us() + wait;
-    log_warn("%s: connection lost (%s: %s); reconnecting in %.1f s "
-             "(attempt %u of %u)", e->name, strerror(err), p->lost_msg,
-             (double)wait / 1e6, p->attempts + 1, p->retry_max);
+    const char *what = err == ESHUTDOWN ||
+                               strcmp(strerror(err), p->lost_msg) == 0
+                           ? ""
+                           : strerror(err);
+    log_warn("%s: connection lost (%s%s%s); reconnecting in %.1f s "
+             "(attempt %u of %u)", e->name, what, what[0] ? ": " : "",
+             p->lost_msg, (double)wait / 1e6, p->attempts + 1,
+             p->retry_max);
   }
   loop_wake(e->env->loop);
 }
