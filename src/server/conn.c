@@ -540,7 +540,8 @@ conn_setup_socket(struct server *s, struct conn *c)
 }
 
 void
-conn_create(struct sloop *sl, int fd, const struct transport *tls)
+conn_create(struct sloop *sl, int fd, const struct transport *tls,
+            struct export *dflt)
 {
   struct server *s = sl->srv;
   struct conn *c = calloc(1, sizeof *c);
@@ -557,6 +558,7 @@ conn_create(struct sloop *sl, int fd, const struct transport *tls)
   c->sl = sl;
   c->loop = sl->loop;
   c->fd = fd;
+  c->dflt_export = dflt;
   c->refs = 1;
   tcpinfo_init(&c->tcp);
   sock_peer_name(fd, c->peer, sizeof c->peer);

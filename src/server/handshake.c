@@ -149,6 +149,16 @@ transmission_start(struct conn *c, struct export *e)
   conn_expect(c, CS_REQ_HDR, c->msg, wire_request_len(c->extended));
 }
 
+/* The export a client's name means on c: the empty name is the one the
+ * HTTP path named (PUT /nbd/NAME), else the server's first. */
+static struct export *
+conn_find_export(struct conn *c, const uint8_t *name, size_t len)
+{
+  if (len == 0 && c->dflt_export)
+    return c->dflt_export;
+  return server_find_export(c->srv, name, len);
+}
+
 static int
 opt_export_name(struct conn *c, const uint8_t *data, uint32_t len)
 {
@@ -157,7 +167,7 @@ opt_export_name(struct conn *c, const uint8_t *data, uint32_t len)
            NBD_MAX_STRING);
     return -1; /* EXPORT_NAME cannot be answered with an error */
   }
-  struct export *e = server_find_export(c->srv, data, len);
+  struct export *e = conn_find_export(c, data, len);
   if (e == NULL) {
     char esc[LOG_ESCAPE_BUF];
     conn_log(c, "EXPORT_NAME: no export \"%s\"", log_escape(esc, data, len));
@@ -329,7 +339,7 @@ opt_info_go(struct conn *c, const uint8_t *data, uint32_t len)
               "than %d", ir.name_len, NBD_MAX_STRING);
     return 0;
   }
-  struct export *e = server_find_export(c->srv, ir.name, ir.name_len);
+  struct export *e = conn_find_export(c, ir.name, ir.name_len);
   if (e == NULL) {
     char esc[LOG_ESCAPE_BUF];
     opt_error(c, NBD_REP_ERR_UNKNOWN, "no export \"%s\"",
@@ -431,7 +441,7 @@ opt_meta_context(struct conn *c, const uint8_t *data, uint32_t len)
               "than %d", mr.name_len, NBD_MAX_STRING);
     return;
   }
-  struct export *e = server_find_export(c->srv, mr.name, mr.name_len);
+  struct export *e = conn_find_export(c, mr.name, mr.name_len);
   if (e == NULL) {
     char esc[LOG_ESCAPE_BUF];
     opt_error(c, NBD_REP_ERR_UNKNOWN, "no export \"%s\"",

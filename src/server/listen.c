@@ -100,7 +100,8 @@ server_release_slot(struct server *s)
 }
 
 int
-server_adopt(struct server *s, int fd, const struct transport *tls)
+server_adopt(struct server *s, int fd, const struct transport *tls,
+             struct export *dflt)
 {
   pthread_mutex_lock(&s->lock);
   struct sloop *sl = &s->loops[0];
@@ -117,7 +118,7 @@ server_adopt(struct server *s, int fd, const struct transport *tls)
     sl->handoff = h;
     sl->handoff_cap = cap;
   }
-  sl->handoff[sl->nhandoff++] = (struct handoff){ .fd = fd };
+  sl->handoff[sl->nhandoff++] = (struct handoff){ .fd = fd, .dflt = dflt };
   if (tls)
     sl->handoff[sl->nhandoff - 1].tls = *tls;
   sl->nowned++;
@@ -160,7 +161,7 @@ server_accept(struct loop *l, int lfd, uint32_t events, void *arg)
     }
     struct sloop *sl = server_assign(s, fd);
     if (sl == &s->loops[0])
-      conn_create(sl, fd, NULL);
+      conn_create(sl, fd, NULL, NULL);
     else if (sl)
       loop_wake(sl->loop);
   }
@@ -276,7 +277,7 @@ sloop_tick(struct loop *l, void *arg)
   pthread_mutex_unlock(&s->lock);
 
   for (int i = 0; i < nfds; i++)
-    conn_create(sl, fds[i].fd, &fds[i].tls);
+    conn_create(sl, fds[i].fd, &fds[i].tls, fds[i].dflt);
   free(fds);
 
   while (list) {

@@ -129,6 +129,7 @@ struct server;
 struct handoff {
   int fd;
   struct transport tls;
+  struct export *dflt; /* the empty name's export, or NULL (server_adopt) */
 };
 
 /* One event-loop thread and the connections it owns. */
@@ -252,6 +253,7 @@ struct conn {
   int fd;
   struct transport t;
   char peer[80];
+  struct export *dflt_export; /* the empty name's when not the first */
   bool is_tcp;
   bool loopback; /* TCP to an address of this host (sock_is_tcp_loopback) */
   enum conn_state state;
@@ -392,10 +394,12 @@ uint64_t server_stopping(struct server *s);
  * NULL, is the socket's established TLS session (tls_server_start, its
  * handshake complete), whose transport the connection takes over on
  * success: the NBD handshake then runs inside it, as after STARTTLS.
- * Any thread. */
+ * dflt, when not NULL, is the export the empty name means on that
+ * connection (the one an HTTP path named: PUT /nbd/NAME). Any thread. */
 int server_take_slot(struct server *s);
 void server_release_slot(struct server *s);
-int server_adopt(struct server *s, int fd, const struct transport *tls);
+int server_adopt(struct server *s, int fd, const struct transport *tls,
+                 struct export *dflt);
 struct export *server_find_export(struct server *s, const uint8_t *name,
                                   size_t len);
 

@@ -11,8 +11,10 @@
  * Its place in nconns and sl->nowned was taken before: by the accepting
  * loop, or by the session (server_take_slot) and server_adopt. tls, when
  * not NULL and set, is an established TLS transport the connection takes
- * over. On failure the socket is closed and its place given back. */
-void conn_create(struct sloop *sl, int fd, const struct transport *tls);
+ * over; dflt, when not NULL, the export the empty name means. On
+ * failure the socket is closed and its place given back. */
+void conn_create(struct sloop *sl, int fd, const struct transport *tls,
+                 struct export *dflt);
 
 /* Reads and handles what the socket has, without blocking, for one turn
  * (SERVER_TURN_BYTES); a connection with more to read then queues itself

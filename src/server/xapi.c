@@ -494,7 +494,10 @@ xs_import(struct xsess *ss, const struct http_request *rq)
 static void
 xs_nbd(struct xsess *ss, const char *name)
 {
-  if (xs_export(ss, name) == NULL) {
+  /* The path names the export: an empty name in the NBD handshake
+   * means it on this connection (a client names another as it likes). */
+  struct export *e = xs_export(ss, name);
+  if (e == NULL) {
     xs_refuse(ss, 404, "Not Found", "no export \"%s\"", name);
     return;
   }
@@ -502,7 +505,7 @@ xs_nbd(struct xsess *ss, const char *name)
   /* The content length of 0 told nothing: NBD follows at once, inside
    * the HTTPS session when there is one (the connection takes it). */
   if (tls_is_tls(&ss->tp)) {
-    if (server_adopt(ss->x->s, ss->fd, &ss->tp) == 0) {
+    if (server_adopt(ss->x->s, ss->fd, &ss->tp, e) == 0) {
       ss->tp.ops = NULL; /* the connection's now */
       ss->handed_over = true;
     }
@@ -510,7 +513,7 @@ xs_nbd(struct xsess *ss, const char *name)
   }
   ss->tp.ops->free(&ss->tp);
   ss->tp.ops = NULL;
-  if (server_adopt(ss->x->s, ss->fd, NULL) == 0)
+  if (server_adopt(ss->x->s, ss->fd, NULL, e) == 0)
     ss->handed_over = true;
 }
 

@@ -50,6 +50,15 @@ check "copy -> serve --http /nbd/disk (NBD after the upgrade)" \
     "$base/nbd/disk"
 same "$TMP/src.img" "$TMP/exp.img"
 
+# /nbd/NAME without --nbd-export: the empty name means NAME there, not
+# the server's first export.
+truncate -s 0 "$TMP/small.img"
+truncate -s $((size - (1 << 20))) "$TMP/small.img"
+head -c $((size - (1 << 20))) "$TMP/src.img" >"$TMP/src-small.img"
+check "copy -> serve --http /nbd/small, no --nbd-export" \
+    "$NBDFLOW" copy --dst-protocol nbd "$TMP/src-small.img" "$base/nbd/small"
+same "$TMP/src-small.img" "$TMP/small.img"
+
 reset "$TMP/exp.img"
 check "reference sender -> serve --http (Chunked body)" \
     python3 "$REF" send-chunked 127.0.0.1 "$HPORT" "$TMP/src.img" \
