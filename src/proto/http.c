@@ -174,6 +174,7 @@ http_put_head(char *buf, size_t len, const struct http_url *u, bool chunked)
                    "PUT %s HTTP/1.1\r\n"
                    "Host: %s%s%s%s%s\r\n"
                    "User-Agent: nbdflow\r\n"
+                   "Connection: close\r\n"
                    "%s"
                    "%s"
                    "\r\n",

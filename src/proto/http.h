@@ -35,8 +35,11 @@ void http_url_free(struct http_url *u);
 bool http_url_is_http(const char *s);
 
 /* Writes the head of xapi's upload request into buf: PUT with the
- * target, Host, "Cookie: chunked=true" when chunked, Basic authorization
- * from the userinfo, and neither Content-Length nor Transfer-Encoding.
+ * target, Host, "Connection: close" (the receiver's close after the
+ * body is how a Chunked sender learns that it was stored, as xapi's
+ * sparse_dd asks), "Cookie: chunked=true" when chunked, Basic
+ * authorization from the userinfo, and neither Content-Length nor
+ * Transfer-Encoding.
  * Returns its length, or -ENOSPC when buf is too small. */
 int http_put_head(char *buf, size_t len, const struct http_url *u,
                   bool chunked);

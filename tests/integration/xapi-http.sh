@@ -88,6 +88,8 @@ grep -q '^request: PUT /import_raw_vdi?vdi=x&format=raw&session_id=OpaqueRef:1$'
     fail "wrong request line: $(cat "$TMP/ref.out")"
 grep -q '^header: cookie: chunked=true$' "$TMP/ref.out" ||
     fail "no chunked cookie: $(cat "$TMP/ref.out")"
+grep -q '^header: connection: close$' "$TMP/ref.out" ||
+    fail "no Connection: close (the close ends the upload): $(cat "$TMP/ref.out")"
 auth=$(printf 'root:sec ret' | base64)
 grep -q "^header: authorization: Basic $auth\$" "$TMP/ref.out" ||
     fail "no Basic authorization from the URL: $(cat "$TMP/ref.out")"
