@@ -50,6 +50,7 @@ struct copy_args {
   unsigned checkpoint_s;     /* --checkpoint-interval */
   enum ep_protocol dst_protocol; /* --dst-protocol */
   const char *nbd_export;        /* --nbd-export */
+  bool dst_fill_export;          /* it names an NBD URI DST's export */
   const char *tls_certificates;  /* --tls-certificates (https) */
   bool no_tls_verify;            /* --tls-verify-peer=false */
   const char *tls_priority;      /* --tls-priority (https) */
@@ -636,6 +637,7 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     char err[256];
     if (uri_parse(a->dst, &u, err, sizeof err) == 0) {
       bool two = u.export_name[0] && strcmp(u.export_name, a->nbd_export);
+      a->dst_fill_export = u.export_name[0] == '\0';
       if (two)
         log_error("DESTINATION '%s' names export \"%s\" and --nbd-export "
                   "\"%s\": give one", a->dst, u.export_name,
@@ -1065,6 +1067,17 @@ cmd_copy(int argc, char **argv)
     return rc;
   if (cmd_check_uri(a.src) < 0 || cmd_check_uri(a.dst) < 0)
     return 2;
+  /* --nbd-export fills in an NBD URI's empty export name: from here on
+   * DST names the export itself, for the journal, --verify and messages. */
+  char *dst_named = NULL;
+  if (a.dst_fill_export) {
+    if ((dst_named = uri_with_export(a.dst, a.nbd_export)) == NULL) {
+      log_error("out of memory");
+      return 1;
+    }
+    a.dst = dst_named;
+    a.nbd_export = NULL;
+  }
   rc = 1;
   struct copy_session s;
   struct copy_chunks chunks = { 0 };
@@ -1210,6 +1223,7 @@ out:
   copy_session_close(&s);
   journal_free(journal);
   free(alloc.bits);
+  free(dst_named);
   if (rc != 0 && copy_signal())
     cmd_die_by_signal(copy_signal()); /* so that a calling loop stops */
   return rc;

@@ -325,37 +325,6 @@ info_print_export(FILE *out, const struct client_conn *c, const char *uri,
   }
 }
 
-/* target with its export name replaced by name, percent-encoded but for
- * RFC 3986's unreserved characters and '/' (as libnbd writes them).
- * Returns NULL without memory. */
-static char *
-info_uri_with_name(const char *target, const char *name)
-{
-  const char *p = strstr(target, "://");
-  p = p ? p + 3 : target;
-  const char *path = p + strcspn(p, "/?");
-  const char *query = strchr(path, '?');
-  size_t head = (size_t)(path - target);
-  size_t cap = head + 2 + 3 * strlen(name) + (query ? strlen(query) : 0);
-  char *out = malloc(cap);
-  if (out == NULL)
-    return NULL;
-  memcpy(out, target, head);
-  size_t n = head;
-  out[n++] = '/';
-  for (const unsigned char *q = (const unsigned char *)name; *q; q++) {
-    if ((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') ||
-        (*q >= '0' && *q <= '9') || strchr("-._~/", *q))
-      out[n++] = (char)*q;
-    else
-      n += (size_t)sprintf(out + n, "%%%02X", *q);
-  }
-  out[n] = '\0';
-  if (query)
-    strcat(out, query);
-  return out;
-}
-
 static void
 info_warn_dropped(const struct client_conn *c, const char *uri)
 {
@@ -376,7 +345,7 @@ info_list_nbd(const struct info_args *a, const struct client_conn *first,
 {
   for (size_t i = 0; i < first->info.nexports; i++) {
     const char *name = first->info.exports[i];
-    char *uri = info_uri_with_name(a->target, name);
+    char *uri = uri_with_export(a->target, name);
     struct nbd_uri u;
     char err[256];
     if (uri == NULL || uri_parse(uri, &u, err, sizeof err) < 0) {

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/cmd.h"
@@ -134,11 +135,15 @@ sparse_dd_dest(const char *d, const char *mode, char *why, size_t whylen)
     const char *p = d + 7;
     if (strncasecmp(p, "localhost/", 10) == 0)
       p += 9;
-    char *path = p[0] == '/' ? uri_decode(p, strlen(p), false, NULL) : NULL;
+    /* '?' and '#' would begin a query or a fragment: %3F and %23 name
+     * them in a path. */
+    char *path = p[0] == '/' && strcspn(p, "?#") == strlen(p)
+                     ? uri_decode(p, strlen(p), false, NULL)
+                     : NULL;
     if (path == NULL)
-      snprintf(why, whylen, "-dest '%.200s': a file URL is file:///PATH "
+      snprintf(why, whylen, "-dest '%.150s': a file URL is file:///PATH "
                "(an absolute path, %%XX escapes allowed, no host but "
-               "localhost)", d);
+               "localhost, no query or fragment)", d);
     return path;
   }
   bool http = strncasecmp(d, "http://", 7) == 0;
@@ -156,6 +161,18 @@ sparse_dd_dest(const char *d, const char *mode, char *why, size_t whylen)
   if (out == NULL)
     snprintf(why, whylen, "out of memory");
   return out;
+}
+
+/* DST d writes to this process's stdout: "-", or a path to the file
+ * that stdout is (/dev/stdout, /proc/self/fd/1, the file it redirects to). */
+static bool
+sparse_dd_is_stdout(const char *d)
+{
+  struct stat a, b;
+  if (strcmp(d, "-") == 0)
+    return true;
+  return d[0] == '/' && stat(d, &a) == 0 && fstat(STDOUT_FILENO, &b) == 0 &&
+         a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
 /* -good-ciphersuites, in OpenSSL's syntax (suites separated by ':', ','
@@ -295,10 +312,10 @@ cmd_sparse_dd(int argc, char **argv)
   char *d = sparse_dd_dest(dest, mode, why, sizeof why);
   if (d == NULL)
     return cmd_usage_error("sparse_dd", why);
-  if (machine && strcmp(d, "-") == 0) {
+  if (machine && sparse_dd_is_stdout(d)) {
     free(d);
-    return cmd_usage_error("sparse_dd", "-dest -: stdout carries -machine's "
-                           "progress frames");
+    return cmd_usage_error("sparse_dd", "-dest is stdout, which carries "
+                           "-machine's progress frames");
   }
   if (proto && strcmp(proto, "none") == 0 &&
       (strstr(d, "://") != NULL)) {

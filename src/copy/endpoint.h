@@ -281,8 +281,7 @@ struct endpoint_opts {
   const uint8_t *alloc;
   uint32_t alloc_block;
   /* Destinations: --dst-protocol; the export an http(s) URL's NBD
-   * session asks for, or an NBD URI's when it names none (--nbd-export);
-   * https: the CA directory and the
+   * session asks for (--nbd-export); https: the CA directory and the
    * peer check (--tls-certificates, --tls-verify-peer). */
   enum ep_protocol protocol;
   const char *nbd_export;

@@ -146,9 +146,9 @@ chunked_frame(struct chunked_priv *p, uint64_t off, const uint8_t *buf,
   return r;
 }
 
-/* Seconds to wait, after the end marker, for the receiver to close the
- * connection when --timeout does not say. */
-#define CHUNKED_CLOSE_WAIT_S 300
+/* The wait for the receiver's close after the end marker, in --timeouts:
+ * it covers the receiver's flush, which an NBD FLUSH gets as long for. */
+#define CHUNKED_CLOSE_WAIT_FACTOR 10
 
 /* After the end marker on a connection: Chunked has no reply, but a
  * receiver closes the connection once the whole stream is stored (xapi
@@ -156,16 +156,27 @@ chunked_frame(struct chunked_priv *p, uint64_t off, const uint8_t *buf,
  * flush). One that stopped early resets it instead: closed with bytes
  * still unread, or on purpose after a failed write or flush. Without this
  * wait the frames that the socket buffers held would count as delivered,
- * and the copy would succeed with part of the disk lost. 0 at an orderly
- * close; -ECONNRESET (and a sentence in errmsg) or another -errno. */
+ * and the copy would succeed with part of the disk lost. Our side is shut
+ * first (FIN, or TLS close_notify), for a receiver that reads to the end
+ * of the stream before it closes. 0 at an orderly close; -ECONNRESET (and
+ * a sentence in errmsg) or another -errno. */
 static int
 chunked_await_close(struct chunked_priv *p, char *errmsg, size_t errlen)
 {
-  int wait_ms = p->timeout_ms >= 0 ? p->timeout_ms
-                                   : CHUNKED_CLOSE_WAIT_S * 1000;
-  uint64_t deadline = loop_now_ms() + (uint64_t)wait_ms;
+  (void)p->conn.tp.ops->shutdown(&p->conn.tp);
+  /* --timeout 0 waits forever, as everywhere. */
+  uint64_t wait_ms = p->timeout_ms < 0 ? UINT64_MAX
+                     : (uint64_t)p->timeout_ms * CHUNKED_CLOSE_WAIT_FACTOR;
+  uint64_t start = loop_now_ms();
   uint8_t buf[4096];
   for (;;) {
+    uint64_t now = loop_now_ms();
+    if (now - start >= wait_ms) {
+      snprintf(errmsg, errlen, "the receiver did not close the connection "
+               "within %llu s of the end marker: whether it stored the "
+               "stream is not known", (unsigned long long)(wait_ms / 1000));
+      return -ETIMEDOUT;
+    }
     ssize_t n = p->conn.tp.ops->recv(&p->conn.tp, buf, sizeof buf);
     if (n == 0)
       return 0;
@@ -178,15 +189,9 @@ chunked_await_close(struct chunked_priv *p, char *errmsg, size_t errlen)
                                 : "broke the connection");
       return (int)n;
     }
-    uint64_t now = loop_now_ms();
+    uint64_t left = wait_ms - (loop_now_ms() - start);
     struct pollfd pfd = { .fd = p->conn.fd, .events = POLLIN };
-    if (now >= deadline ||
-        poll(&pfd, 1, (int)(deadline - now)) == 0) {
-      snprintf(errmsg, errlen, "the receiver did not close the connection "
-               "within %d s of the end marker: whether it stored the "
-               "stream is not known", wait_ms / 1000);
-      return -ETIMEDOUT;
-    }
+    (void)poll(&pfd, 1, left > 1000 ? 1000 : (int)left);
   }
 }
 

@@ -856,18 +856,6 @@ endpoint_open_nbd(struct ep_env *env, const char *spec,
   int r = o->http ? nbd_uri_from_http(o->http, o->nbd_export, &p->uri, err,
                                       errlen)
                   : uri_parse(spec, &p->uri, err, errlen);
-  if (r == 0 && !o->http && o->nbd_export && p->uri.export_name[0] == '\0') {
-    /* --nbd-export names the export a URI left empty. */
-    char *name = strdup(o->nbd_export);
-    if (name == NULL) {
-      uri_free(&p->uri);
-      snprintf(err, errlen, "out of memory");
-      r = -ENOMEM;
-    } else {
-      free(p->uri.export_name);
-      p->uri.export_name = name;
-    }
-  }
   p->http = o->http;
   if (r < 0) {
     ep_http_free(p->http);

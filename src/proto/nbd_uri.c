@@ -399,3 +399,31 @@ uri_free(struct nbd_uri *u)
   memset(u, 0, sizeof *u);
   u->tls_verify_peer = -1;
 }
+
+char *
+uri_with_export(const char *uri, const char *name)
+{
+  const char *p = strstr(uri, "://");
+  p = p ? p + 3 : uri;
+  const char *path = p + strcspn(p, "/?");
+  const char *query = strchr(path, '?');
+  size_t head = (size_t)(path - uri);
+  size_t cap = head + 2 + 3 * strlen(name) + (query ? strlen(query) : 0);
+  char *out = malloc(cap);
+  if (out == NULL)
+    return NULL;
+  memcpy(out, uri, head);
+  size_t n = head;
+  out[n++] = '/';
+  for (const unsigned char *q = (const unsigned char *)name; *q; q++) {
+    if ((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') ||
+        (*q >= '0' && *q <= '9') || strchr("-._~/", *q))
+      out[n++] = (char)*q;
+    else
+      n += (size_t)sprintf(out + n, "%%%02X", *q);
+  }
+  out[n] = '\0';
+  if (query)
+    strcat(out, query);
+  return out;
+}

@@ -39,4 +39,9 @@ bool uri_is_uri(const char *s);
 int uri_parse(const char *s, struct nbd_uri *u, char *err, size_t errlen);
 void uri_free(struct nbd_uri *u);
 
+/* uri (an NBD URI) with its export name replaced by name, percent-encoded
+ * but for RFC 3986's unreserved characters and '/' (as libnbd writes
+ * them). Returns a string to free, or NULL without memory. */
+char *uri_with_export(const char *uri, const char *name);
+
 #endif

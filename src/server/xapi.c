@@ -594,11 +594,13 @@ xs_thread(void *arg)
   } else {
     struct server *s = x->s;
     struct export *e = s->nexports ? s->exports[0] : NULL;
-    if (e == NULL || e->read_only)
+    if (e == NULL || e->read_only) {
       log_warn("%s: chunked: the default export is %s", ss->peer,
                e ? "read-only" : "missing");
-    else
+      ss->failed = true; /* nothing stored: the sender must not think so */
+    } else {
       ss->failed = xs_chunked(ss, e) < 0;
+    }
   }
   if (ss->tp.ops)
     ss->tp.ops->free(&ss->tp);

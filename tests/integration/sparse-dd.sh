@@ -130,7 +130,8 @@ check "sparse_dd -dest FILE://localhost/.../null:%20x" \
     "$NBDFLOW" sparse_dd -src "$TMP/src.img" \
     -dest "FILE://localhost$TMP/d/null:%20x" -size "$size"
 same "$TMP/src.img" "$TMP/d/null: x"
-for d in "file://-" "file://elsewhere$TMP/d/y" "file://d/y" "file://$TMP/%zz"; do
+for d in "file://-" "file://elsewhere$TMP/d/y" "file://d/y" "file://$TMP/%zz" \
+    "file://$TMP/d/q?x=1" "file://$TMP/d/f#g"; do
     rc=0
     "$NBDFLOW" sparse_dd -src "$TMP/src.img" -dest "$d" -size "$size" \
         2>"$TMP/err" || rc=$?
@@ -141,6 +142,11 @@ rc=0
     >"$TMP/o" 2>"$TMP/err" || rc=$?
 [ "$rc" = 2 ] && [ ! -s "$TMP/o" ] ||
     fail "-machine -dest -: status $rc, $(stat -c %s "$TMP/o") bytes on stdout"
+rc=0
+"$NBDFLOW" sparse_dd -machine -src "$TMP/src.img" -dest file:///dev/stdout \
+    -size "$size" >"$TMP/o" 2>"$TMP/err" || rc=$?
+[ "$rc" = 2 ] && [ ! -s "$TMP/o" ] ||
+    fail "-machine -dest file:///dev/stdout: status $rc: $(cat "$TMP/err")"
 note "ok: file:// forms and -machine -dest - checked"
 
 # -progress: the percentage on stderr, though it is not a terminal.
@@ -160,6 +166,12 @@ check "sparse_dd -nbd-export (310 bytes) into an NBD URI" \
     -nbd-export "$long" -size "$size"
 same "$TMP/src.img" "$TMP/eb.img"
 [ "$(stat -c %b "$TMP/ea.img")" = 0 ] || fail "export a was written"
+# ... and --verify reads back the same export (it once read the first).
+truncate -s 0 "$TMP/eb.img"
+truncate -s "$size" "$TMP/eb.img"
+check "copy --verify --nbd-export into an NBD URI" \
+    "$NBDFLOW" copy --verify --nbd-export "$long" "$TMP/src.img" "$URI"
+same "$TMP/src.img" "$TMP/eb.img"
 rc=0
 "$NBDFLOW" sparse_dd -src "$TMP/src.img" -dest "$URI/a" -nbd-export "$long" \
     -size "$size" 2>"$TMP/err" || rc=$?
