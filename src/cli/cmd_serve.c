@@ -145,6 +145,14 @@ serve_tls_check(const struct server_config *cfg)
               "off: add --tls=on or --tls=require");
     return -1;
   }
+  if (cfg->tls_mode == TLS_REQUIRE && cfg->chunked_listen) {
+    /* Raw Chunked has no TLS of its own (vhd-tool's neither): it would
+     * be the one unauthenticated way to write. */
+    log_error("--chunked-listen takes plain Chunked streams, which "
+              "--tls=require would not cover: use --http (HTTPS with TLS) "
+              "or --tls=on");
+    return -1;
+  }
   if (cfg->tls.verify_peer && cfg->tls.certs_dir == NULL) {
     log_error("--tls-verify-peer checks X.509 client certificates: it "
               "needs --tls-certs DIR");

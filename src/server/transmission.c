@@ -326,6 +326,15 @@ run_read(struct req *q)
   struct conn *c = q->c;
   struct export *e = c->exp;
 
+  if (q->r.length > SERVER_MAX_PAYLOAD && c->structured &&
+      (q->r.flags & NBD_CMD_FLAG_DF)) {
+    /* One content chunk would have to announce DONE before the pieces
+     * after it were read, and a failed piece could then only cut the
+     * connection: refused up front, as the spec allows for DF. */
+    req_fail(q, EOVERFLOW, "a read this long cannot be sent unfragmented");
+    reply_error(q);
+    return;
+  }
   if (q->r.length > SERVER_MAX_PAYLOAD) {
     read_long_part(q);
     return;

@@ -107,6 +107,20 @@ def main(server):
     err, data = c.do(CMD_READ, 0, 4096)
     expect(err == 0 and data == marker, "READ after the refused large READs")
     c.close()
+    # A client that agreed no block sizes may read more than 32 MiB: in
+    # pieces, but with DF one content chunk would announce DONE before the
+    # later pieces were read, so a failed piece could only cut the
+    # connection. DF is refused up front (EOVERFLOW, before any content).
+    c = Conn(server)
+    c.greeting()
+    expect_rep(c.structured_reply(), REP_ACK, "STRUCTURED_REPLY")
+    expect_rep(c.go(b"", infos=()), REP_ACK, "GO without block sizes")
+    err, _ = c.do(CMD_READ, 0, 64 << 20, flags=CMD_FLAG_DF)
+    expect_err(err, EOVERFLOW, "unsized DF READ of 64 MiB")
+    err, data = c.do(CMD_READ, 0, 64 << 20)
+    expect(err == 0 and data[:4096] == marker,
+           "unsized READ of 64 MiB without DF, in chunks")
+    c.close()
     # Payload-free commands may exceed the maximum: no disconnect.
     c = Conn(server)
     c.open_export()

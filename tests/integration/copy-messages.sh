@@ -160,6 +160,9 @@ refused 2 "--threads: \"0\" is not a number from 1 to 256" \
     serve --threads 0 null:1M
 refused 2 "--tls=on needs --tls-certs DIR or --tls-psk FILE" \
     serve --tls=on null:1M
+printf 'alice:00112233445566778899aabbccddeeff\n' >"$TMP/keys.psk"
+refused 2 "--chunked-listen takes plain Chunked streams, which --tls=require would not cover" \
+    serve --tls=require --tls-psk "$TMP/keys.psk" --chunked-listen 127.0.0.1:9 null:1M
 refused 2 "no TARGET given (see 'nbdflow info --help')" info
 for cmd in copy info sum serve; do
     rc=0
