@@ -696,6 +696,48 @@ copy_parse(int argc, char **argv, struct copy_args *a)
   return -1;
 }
 
+/* path (may be NULL) is the file st names. */
+static bool
+copy_same_file(const char *path, const struct stat *st)
+{
+  struct stat x;
+  return path && stat(path, &x) == 0 && x.st_dev == st->st_dev &&
+         x.st_ino == st->st_ino;
+}
+
+/* DST must not be a file that SRC reads: SRC's own, or one its image
+ * reads through (a parent, a backing file). An image written as a stream
+ * truncates its file first, and any write there changes what SRC reads
+ * while it is being read: the copy would destroy its source. 0, or -1
+ * after a message. */
+static int
+copy_check_dst_apart(const struct copy_args *a, struct endpoint *src)
+{
+  struct target dt, st;
+  struct stat d;
+  target_parse(a->dst, false, &dt);
+  if (dt.kind != TARGET_FILE || stat(dt.arg, &d) < 0 ||
+      !(S_ISREG(d.st_mode) || S_ISBLK(d.st_mode)))
+    return 0;
+  target_parse(a->src, true, &st);
+  const char *hit = st.kind == TARGET_FILE && copy_same_file(st.arg, &d)
+                        ? "SOURCE itself"
+                        : NULL;
+  struct image *img = endpoint_image(src);
+  if (hit == NULL && img && img->ops->info) {
+    struct image_info in;
+    img->ops->info(img, &in, false);
+    for (int i = 0; i < in.nparents && hit == NULL; i++)
+      if (copy_same_file(in.parents[i], &d))
+        hit = "a file that SOURCE's image reads (a parent or backing file)";
+  }
+  if (hit == NULL)
+    return 0;
+  log_error("DESTINATION %s is %s: writing it would destroy what is being "
+            "copied", a->dst, hit);
+  return -1;
+}
+
 /* One event loop, worker pool and pair of endpoints. */
 struct copy_session {
   struct loop *loop;
@@ -1103,6 +1145,8 @@ cmd_copy(int argc, char **argv)
     log_error("%s", err);
     goto out;
   }
+  if (copy_check_dst_apart(&a, s.src) < 0)
+    goto out;
   if (a.expect_size_given &&
       (!s.src->size_known || s.src->size != a.expect_size)) {
     /* Both front ends reach here: name copy's option and sparse_dd's.

@@ -128,6 +128,12 @@ refused 1 "/dev/zero is a character device: it has no size to copy (for zeroes o
     copy /dev/zero out.img
 [ ! -e "$TMP/out.img" ] || fail "a refused copy created its destination"
 refused 1 "is a named pipe: it has no size to copy" copy "$TMP/fifo" out.img
+# A file copied onto itself (by another name too): refused, not truncated.
+cp "$TMP/src.img" "$TMP/self.img"
+ln -sf "$TMP/self.img" "$TMP/self-link.img"
+refused 1 "DESTINATION $TMP/self-link.img is SOURCE itself" \
+    copy "$TMP/self.img" "$TMP/self-link.img" --dst-format vhd
+same "$TMP/src.img" "$TMP/self.img"
 # A name with a newline stays one line: control bytes show as \xNN.
 refused 1 'open '"$TMP"'/no\x0asuch: No such file or directory' \
     info "$TMP/no"$'\n'"such"

@@ -121,6 +121,15 @@ ok "s/kid.vhd: info" info -f vhd s/kid.vhd
 [ "$(field parent)" = s/base.vhd ] ||
     fail "parent shown as '$(field parent)', want s/base.vhd"
 note "ok: a W2ru parent beside its child is shown without ./ from the locator"
+# Writing a file that the source's chain reads would destroy the source.
+cp "$TMP/s/base.vhd" "$TMP/s/base.keep"
+rc=0
+"$NBDFLOW" copy --src-format vhd "$TMP/s/kid.vhd" "$TMP/s/base.vhd" \
+    2>"$TMP/err" || rc=$?
+[ "$rc" = 1 ] && grep -q "a file that SOURCE's image reads" "$TMP/err" ||
+    fail "a copy onto the source's parent: status $rc: $(cat "$TMP/err")"
+cmp -s "$TMP/s/base.vhd" "$TMP/s/base.keep" || fail "the parent was written"
+note "ok: a copy onto the source's parent is refused"
 cd "$TMP/w/x/y"
 
 # ---- Chain 2: fixed base, W2ku, then MacX absolute; 1 MiB and 512-byte
