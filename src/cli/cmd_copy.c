@@ -931,6 +931,19 @@ copy_dst_format(const struct copy_args *a)
   return t.format_given ? t.format : a->dst_format;
 }
 
+/* DST is an image written from scratch as a stream (a new file or '-'):
+ * nothing of it exists before the copy writes it. */
+static bool
+copy_dst_is_new_image(const struct copy_args *a)
+{
+  struct target t;
+  target_parse(a->dst, false, &t);
+  enum image_format f = copy_dst_format(a);
+  return f > IMAGE_FORMAT_RAW &&
+         (t.kind == TARGET_PIPE ||
+          (t.kind == TARGET_FILE && !endpoint_image_exists(t.arg, f)));
+}
+
 /* The block size of the destination's allocation map: 0 when it needs
  * none. */
 static uint32_t
@@ -1162,6 +1175,13 @@ cmd_copy(int argc, char **argv)
      * whole (a changed block of zeroes is written too), the rest skipped
      * as a destination that already reads right. */
     struct endpoint *delta;
+    if (copy_dst_is_new_image(&a)) {
+      /* Only the blocks that differ would be written: a new image holds
+       * no BASE under them. Said before DST is opened (and truncated). */
+      log_error("--base %s: DESTINATION %s is a new image written from "
+                "scratch, so it cannot already hold BASE", a.base, a.dst);
+      goto out;
+    }
     if (endpoint_open(&s.env, a.base, &so, &s.base, err, sizeof err) < 0) {
       log_error("--base: %s", err);
       goto out;
@@ -1212,6 +1232,7 @@ cmd_copy(int argc, char **argv)
     log_error("%s", err);
     goto out;
   }
+
   if (s.src->size_known && s.dst->size_known && s.dst->size < s.src->size) {
     log_error("%s (%llu bytes) is smaller than %s (%llu bytes)", a.dst,
               (unsigned long long)s.dst->size, a.src,

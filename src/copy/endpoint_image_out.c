@@ -36,11 +36,6 @@ image_out_work(struct work *wk)
                          op->errmsg, sizeof op->errmsg);
     break;
   case EP_FLUSH:
-    if (!image_writer_done(v->w) && e->size == 0) /* an empty disk */
-      r = image_writer_put(v->w, v->fd, 0, NULL, 0, op->errmsg,
-                           sizeof op->errmsg);
-    if (r < 0)
-      break;
     if (!image_writer_done(v->w)) {
       r = -EIO;
       snprintf(op->errmsg, sizeof op->errmsg,
@@ -133,6 +128,14 @@ endpoint_open_image_out(struct ep_env *env, const char *spec,
       return r;
     }
     v->own_fd = true;
+  }
+  /* An empty disk gets no write to complete it: it is whole at once,
+   * with or without a final flush (--no-flush). */
+  if (o->create_size == 0 &&
+      (r = image_writer_put(v->w, v->fd, 0, NULL, 0, why, sizeof why)) < 0) {
+    snprintf(err, errlen, "%s: %s", spec, why);
+    image_out_free(v);
+    return r;
   }
   struct stat st;
   v->regular = fstat(v->fd, &st) == 0 && S_ISREG(st.st_mode);

@@ -233,9 +233,11 @@ eng_write(struct engine *e, struct cop *c)
 {
   /* --destination-is-zero skips a zero piece only where the destination
    * already spans it: a stream or a file growing with the copy needs the
-   * bytes, or the size, that the piece brings. */
+   * bytes, or the size, that the piece brings, and a destination written
+   * in order (an image made as a stream) needs every piece in turn. */
   if (e->dst == NULL ||
-      (c->zero && e->o->dst_is_zero && e->dst->size_known)) {
+      (c->zero && e->o->dst_is_zero && e->dst->size_known &&
+       !e->dst->sequential)) {
     eng_account(e, c, false, true);
     eng_cop_release(e, c);
     return;

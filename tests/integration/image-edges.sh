@@ -28,17 +28,44 @@ grep -q "format: qcow2" "$TMP/info" || fail "info: $(cat "$TMP/info")"
 note "ok: an image read from a server of 4 KiB blocks"
 
 : >"$TMP/empty.raw"
+# With --no-flush too: the empty image was once made only by the final
+# flush, so it was left a 0-byte file that nothing could open.
 for f in vhd qcow2; do
-    "$NBDFLOW" copy "$TMP/empty.raw" "$TMP/empty.$f" --dst-format $f ||
-        fail "empty disk to $f failed"
+  for nf in "" --no-flush; do
+    rm -f "$TMP/empty.$f"
+    "$NBDFLOW" copy $nf "$TMP/empty.raw" "$TMP/empty.$f" --dst-format $f ||
+        fail "empty disk to $f $nf failed"
     "$NBDFLOW" info -f $f "$TMP/empty.$f" >"$TMP/info" ||
-        fail "our reader refuses the empty $f we wrote"
+        fail "our reader refuses the empty $f we wrote ($nf)"
     grep -q "export-size: 0" "$TMP/info" || fail "empty $f: $(cat "$TMP/info")"
     [ "$(qemu-img info --output=json "$TMP/empty.$f" |
          sed -n 's/.*"virtual-size": \([0-9]*\).*/\1/p')" = 0 ] ||
-        fail "qemu-img sees a non-empty $f"
+        fail "qemu-img sees a non-empty $f ($nf)"
+  done
 done
 note "ok: empty disks written and read back"
+
+# --destination-is-zero into a new image: the image is written in order,
+# so its zero pieces are written too (they were skipped, and the writer
+# then refused the next piece as out of order).
+for f in vhd qcow2; do
+    q=$f; [ $f = vhd ] && q=vpc
+    rm -f "$TMP/dz.$f"
+    "$NBDFLOW" copy --destination-is-zero "$TMP/src.raw" "$TMP/dz.$f" \
+        --dst-format $f 2>"$TMP/err" ||
+        fail "--destination-is-zero into a new $f: $(cat "$TMP/err")"
+    qemu-img compare -q -f raw -F $q "$TMP/src.raw" "$TMP/dz.$f" ||
+        fail "--destination-is-zero into a new $f: not the source"
+done
+# --base says DST holds BASE: a new image holds nothing. Refused before
+# the file is made.
+rc=0
+"$NBDFLOW" copy --base "$TMP/src.raw" "$TMP/src.raw" "$TMP/nb.vhd" \
+    --dst-format vhd 2>"$TMP/err" || rc=$?
+[ "$rc" = 1 ] && grep -q "cannot already hold BASE" "$TMP/err" &&
+    [ ! -e "$TMP/nb.vhd" ] ||
+    fail "--base into a new image: status $rc: $(cat "$TMP/err")"
+note "ok: --destination-is-zero and --base with a new image"
 
 echo data >"$TMP/foo"
 rc=0
