@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -117,6 +118,19 @@ image_open(const char *path, const struct image_opts *o, struct image **out,
   if (r < 0) {
     image_close(img);
     return r;
+  }
+  /* One writer per image: each open keeps its own idea of where the file
+   * ends and which blocks are allocated, so two (two processes, or two
+   * exports of one file) would allocate the same space. A lock of the
+   * open file, released when the format closes it. */
+  if (img->writable && flock(fd, LOCK_EX | LOCK_NB) < 0) {
+    int e = errno == EWOULDBLOCK ? EBUSY : errno;
+    snprintf(err, errlen, "%s: %s", path,
+             e == EBUSY ? "another writer has this image open (a second "
+                          "one would corrupt it)"
+                        : strerror(e));
+    image_close(img);
+    return -e;
   }
   *out = img;
   return 1;

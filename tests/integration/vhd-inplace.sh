@@ -86,4 +86,17 @@ small_sum=$(sha "$TMP/small.vhd")
 refused "a smaller VHD" copy "$TMP/src.raw" "$TMP/small.vhd" --dst-format vhd
 err_names small.vhd
 [ "$(sha "$TMP/small.vhd")" = "$small_sum" ] || fail "the smaller VHD changed"
+
+# One writer per VHD: a second (another export of the same file, or a
+# copy into a VHD that serve writes) would allocate the same space.
+refused "two exports of one VHD" serve --unix "$TMP/two.sock" \
+    "a=$TMP/small.vhd" "b=$TMP/small.vhd"
+err_names "another writer has this image open"
+serve_tcp "a=$TMP/small.vhd"
+refused "a copy into a VHD that serve writes" copy "$TMP/src.raw" \
+    "$TMP/small.vhd" --dst-format vhd
+err_names "another writer has this image open"
+serve_stop
+[ "$(sha "$TMP/small.vhd")" = "$small_sum" ] || fail "the served VHD changed"
+note "ok: a second writer of one VHD is refused"
 echo "PASS"
