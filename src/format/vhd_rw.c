@@ -234,6 +234,7 @@ rw_allocate(struct vhd_priv *p, uint32_t b, const uint8_t *bm,
   r = file_pwrite_full(l->fd, rw->footer, VHD_FOOTER_LEN, end);
   if (r == 0)
     r = rw_sync(l->fd);
+  bool moved = r == 0; /* the image now ends at end */
   /* 2. Bitmap and data (the rest of the block is past the old end of
    * the file, so it reads as zeroes), durable before the BAT entry. */
   if (r == 0)
@@ -250,9 +251,18 @@ rw_allocate(struct vhd_priv *p, uint32_t b, const uint8_t *bm,
   if (r == 0)
     r = file_pwrite_full(l->fd, be, sizeof be,
                          l->h.table_offset + 4 * (uint64_t)b);
-  if (r < 0)
-    goto out; /* the footer may have moved already: next stays, and the
-                 next allocation puts it at the same place */
+  if (r < 0) {
+    /* Once the footer has moved, [pos, end) may hold this write's bytes:
+     * the next block must not be put there, where its unwritten sectors
+     * are taken to read as zeroes. The space is lost, as after a crash
+     * at this step (info --check counts it). Before that, nothing
+     * moved, and the next allocation rewrites the same footer. */
+    if (moved) {
+      rw->next = end;
+      l->file_size = end + VHD_FOOTER_LEN;
+    }
+    goto out;
+  }
   rw->next = end;
   l->file_size = end + VHD_FOOTER_LEN;
   rw_mark_full(l, b, bm);
