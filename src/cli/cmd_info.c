@@ -581,8 +581,12 @@ info_check(struct info_args *a)
     return 1;
   }
   if (img == NULL || img->ops->check == NULL) {
-    log_error("--check: %s is %s, which has no tables to check", t.arg,
-              img ? img->ops->name : "a raw file");
+    if (img)
+      log_error("--check: %s is %s, which --check does not read yet "
+                "(qemu-img check does)", t.arg, img->ops->name);
+    else
+      log_error("--check: %s is a raw file, which has no tables to check",
+                t.arg);
     image_close(img);
     return 1;
   }

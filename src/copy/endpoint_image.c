@@ -157,8 +157,14 @@ endpoint_open_image_dst(struct ep_env *env, const char *spec,
                            .writable = true };
   struct image *img;
   int r = image_open(path, &io, &img, err, errlen);
-  if (r < 0)
+  if (r < 0) {
+    /* A stream cut short (an interrupted copy) is the usual such file. */
+    size_t n = strlen(err);
+    if (r == -EINVAL && strstr(err, "truncated") && n < errlen)
+      snprintf(err + n, errlen - n, " (to write a new image over it, "
+               "delete it first)");
     return r;
+  }
   if (r == 0 || !img->writable) {
     snprintf(err, errlen, "%s: cannot write this %s image in place (%s)",
              spec, image_format_name(f),

@@ -45,4 +45,6 @@ target_parse(const char *spec, bool gen, struct target *t)
       if (has_prefix(spec, gens[i]))
         t->kind = TARGET_GEN;
   }
+  if (t->format_given && strcmp(t->arg, "-") == 0)
+    t->kind = TARGET_PIPE; /* "vhd:-": stdin or stdout, as "-" is */
 }

@@ -11,7 +11,7 @@
 enum target_kind {
   TARGET_FILE,   /* a path: file or block device, raw or an image */
   TARGET_NBD,    /* an NBD URI (nbd://, nbds://, nbd+unix://...) */
-  TARGET_PIPE,   /* "-": stdin or stdout */
+  TARGET_PIPE,   /* "-" (or "vhd:-"...): stdin or stdout */
   TARGET_NULL,   /* "null:" or "null:SIZE" */
   TARGET_MEMORY, /* "memory:SIZE" */
   TARGET_GEN,    /* pattern:, random:, zero:, sparse: (generated) */

@@ -67,6 +67,14 @@ rc=0
     fail "--base into a new image: status $rc: $(cat "$TMP/err")"
 note "ok: --destination-is-zero and --base with a new image"
 
+# "vhd:-" is stdout, as "-" is, not a file called "-".
+(cd "$TMP" && "$NBDFLOW" copy src.raw vhd:- >"$TMP/piped.vhd") ||
+    fail "copy to vhd:- failed"
+[ ! -e "$TMP/-" ] || fail "vhd:- made a file called -"
+qemu-img compare -q -f raw -F vpc "$TMP/src.raw" "$TMP/piped.vhd" ||
+    fail "vhd:- is not the source"
+note "ok: vhd:- writes to stdout"
+
 echo data >"$TMP/foo"
 rc=0
 (cd "$TMP" && "$NBDFLOW" info null:foo) >"$TMP/info" 2>"$TMP/err" || rc=$?
