@@ -696,6 +696,8 @@ copy_parse(int argc, char **argv, struct copy_args *a)
   return -1;
 }
 
+static enum image_format copy_dst_format(const struct copy_args *a);
+
 /* path (may be NULL) is the file st names. */
 static bool
 copy_same_file(const char *path, const struct stat *st)
@@ -705,11 +707,12 @@ copy_same_file(const char *path, const struct stat *st)
          x.st_ino == st->st_ino;
 }
 
-/* DST must not be a file that SRC reads: SRC's own, or one its image
- * reads through (a parent, a backing file). An image written as a stream
- * truncates its file first, and any write there changes what SRC reads
- * while it is being read: the copy would destroy its source. 0, or -1
- * after a message. */
+/* DST must not be a file that SRC's image reads through (a parent, a
+ * backing file), nor SRC's own file where a format is involved: an image
+ * written as a stream truncates its file first, and the bytes written
+ * there are not the bytes read. A raw file copied onto itself is left as
+ * it was (each block is written back where it was read), so it is let
+ * through. 0, or -1 after a message. */
 static int
 copy_check_dst_apart(const struct copy_args *a, struct endpoint *src)
 {
@@ -720,10 +723,12 @@ copy_check_dst_apart(const struct copy_args *a, struct endpoint *src)
       !(S_ISREG(d.st_mode) || S_ISBLK(d.st_mode)))
     return 0;
   target_parse(a->src, true, &st);
-  const char *hit = st.kind == TARGET_FILE && copy_same_file(st.arg, &d)
+  struct image *img = endpoint_image(src);
+  bool raw = img == NULL && copy_dst_format(a) <= IMAGE_FORMAT_RAW;
+  const char *hit = !raw && st.kind == TARGET_FILE &&
+                            copy_same_file(st.arg, &d)
                         ? "SOURCE itself"
                         : NULL;
-  struct image *img = endpoint_image(src);
   if (hit == NULL && img && img->ops->info) {
     struct image_info in;
     img->ops->info(img, &in, false);
