@@ -234,13 +234,14 @@ chunked_work(struct work *w)
       done += n;
     }
   }
-  if (r < 0 && p->err == 0) {
+  if (r < 0 && p->err == 0)
     p->err = -r;
-    if ((r == -EPIPE || r == -ECONNRESET) && op->errmsg[0] == '\0')
-      snprintf(op->errmsg, sizeof op->errmsg, "the receiver closed the "
-               "connection after %llu bytes of frames",
-               (unsigned long long)p->sent);
-  }
+  /* Every op the broken stream fails says why, not only the first: the
+   * engine may report any of them. */
+  if ((r == -EPIPE || r == -ECONNRESET) && op->errmsg[0] == '\0')
+    snprintf(op->errmsg, sizeof op->errmsg, "the receiver closed the "
+             "connection after %llu bytes of frames",
+             (unsigned long long)p->sent);
   pthread_mutex_unlock(&p->lock);
   op->err = -r;
   ep_env_complete(e->env, op);
