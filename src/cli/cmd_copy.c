@@ -25,6 +25,7 @@
 #include "format/target.h"
 #include "net/loop.h"
 #include "proto/http.h"
+#include "proto/nbd.h"
 #include "proto/nbd_uri.h"
 #include "util/log.h"
 #include "util/size.h"
@@ -553,9 +554,9 @@ copy_parse(int argc, char **argv, struct copy_args *a)
       break;
     case OPT_NBD_EXPORT:
       /* Checked as a URI's export name is: NBD's strings are UTF-8. */
-      if (strlen(optarg) > 4096 || !text_utf8_valid(optarg)) {
+      if (strlen(optarg) > NBD_MAX_STRING || !text_utf8_valid(optarg)) {
         log_error("--nbd-export: the name is not UTF-8 text of at most "
-                  "4096 bytes, as NBD requires");
+                  "%d bytes, as NBD requires", NBD_MAX_STRING);
         return 2;
       }
       a->nbd_export = optarg;
@@ -954,13 +955,9 @@ copy_dst_is_new_image(const struct copy_args *a)
 static uint32_t
 copy_alloc_block(const struct copy_args *a)
 {
-  struct target t;
-  target_parse(a->dst, false, &t);
-  enum image_format f = copy_dst_format(a);
   /* An existing image is written in place: no table leaves first. */
-  if (t.kind == TARGET_FILE && endpoint_image_exists(t.arg, f))
-    return 0;
-  return image_writer_block(f);
+  return copy_dst_is_new_image(a) ? image_writer_block(copy_dst_format(a))
+                                  : 0;
 }
 
 static void

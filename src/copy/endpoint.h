@@ -35,6 +35,10 @@
 #define ENDPOINT_MAX_CONNECTIONS 16
 /* One EXTENTS query covers at most this much (block status is a hint). */
 #define ENDPOINT_STATUS_SPAN (UINT64_C(1) << 30)
+/* A FLUSH (and the wait for a Chunked receiver's close, which covers its
+ * flush) gets this many --timeouts: it writes back what the server
+ * cached, possibly gigabytes to slow storage. */
+#define ENDPOINT_FLUSH_TIMEOUT_FACTOR 10
 /* Largest single ZERO operation. A server that zeroes by writing does it
  * at disk speed, and the no-reply watchdog (--timeout) waits for one
  * request as long as for any: 64 MiB asks it for 1.1 MiB/s at the

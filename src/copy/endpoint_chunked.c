@@ -146,10 +146,6 @@ chunked_frame(struct chunked_priv *p, uint64_t off, const uint8_t *buf,
   return r;
 }
 
-/* The wait for the receiver's close after the end marker, in --timeouts:
- * it covers the receiver's flush, which an NBD FLUSH gets as long for. */
-#define CHUNKED_CLOSE_WAIT_FACTOR 10
-
 /* After the end marker on a connection: Chunked has no reply, but a
  * receiver closes the connection once the whole stream is stored (xapi
  * does, as xapi's sparse_dd waits for; nbdflow serve does after its
@@ -166,7 +162,7 @@ chunked_await_close(struct chunked_priv *p, char *errmsg, size_t errlen)
   (void)p->conn.tp.ops->shutdown(&p->conn.tp);
   /* --timeout 0 waits forever, as everywhere. */
   uint64_t wait_ms = p->timeout_ms < 0 ? UINT64_MAX
-                     : (uint64_t)p->timeout_ms * CHUNKED_CLOSE_WAIT_FACTOR;
+                     : (uint64_t)p->timeout_ms * ENDPOINT_FLUSH_TIMEOUT_FACTOR;
   uint64_t start = loop_now_ms();
   uint8_t buf[4096];
   for (;;) {

@@ -46,7 +46,6 @@ eng_op_name(enum ep_op_type t)
  * the loop itself was deaf: busy hashing a long hole, or the process
  * stopped or starved of CPU. */
 #define ENG_DEAF_US 1000000
-#define ENG_FLUSH_TIMEOUT_FACTOR 10 /* a FLUSH gets 10 x --timeout */
 
 /* --timeout: fails the copy with ETIMEDOUT when an NBD endpoint with
  * requests in flight has answered none of them for timeout_s, and
@@ -114,7 +113,7 @@ eng_watchdog(struct engine *e)
     /* A FLUSH may rightly take long: it writes back what the server
      * cached, possibly gigabytes to slow storage. */
     bool flush = strcmp(w[i].what, "flush") == 0;
-    uint64_t lim = flush ? limit * ENG_FLUSH_TIMEOUT_FACTOR : limit;
+    uint64_t lim = flush ? limit * ENDPOINT_FLUSH_TIMEOUT_FACTOR : limit;
     if (now - since < lim)
       continue;
     struct endpoint *ep = i == 0 ? e->src : e->dst;
