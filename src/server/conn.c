@@ -466,8 +466,13 @@ conn_read(struct conn *c)
       else if (c->have > 0)
         log_warn("%s: client disconnected after %zu of %zu bytes of a "
                  "request header", c->peer, c->have, c->need);
-      else
+      else {
+        /* Between two requests: as NBD_CMD_DISC, those in flight are
+         * answered first (a client may shut only its sending side). */
         log_debug("%s: client disconnected without NBD_CMD_DISC", c->peer);
+        if (c->state == CS_REQ_HDR && !transmission_end(c))
+          return;
+      }
       conn_close(c, NULL);
       return;
     }

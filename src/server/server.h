@@ -355,6 +355,7 @@ enum hs_progress handshake_tls_step(struct conn *c);
 /* transmission.c */
 /* A request header was read into c->dst. Returns 0, or -1 to close. */
 int transmission_header(struct conn *c);
+bool transmission_end(struct conn *c);
 /* The WRITE payload (or discard) of c->cur is complete. */
 int transmission_payload(struct conn *c);
 /* Flushes the send queue (loop thread, EPOLLOUT). Returns -1 if dead. */

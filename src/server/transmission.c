@@ -1056,6 +1056,25 @@ conn_admit(struct conn *c, size_t cost)
   return fits;
 }
 
+/* No more requests (NBD_CMD_DISC, or the client's EOF between two): the
+ * requests in flight still get their replies, then the connection
+ * closes. True when nothing is left and it may close now. */
+bool
+transmission_end(struct conn *c)
+{
+  c->state = CS_CLOSING;
+  c->dst = NULL;
+  pthread_mutex_lock(&c->lock);
+  c->closing = true;
+  bool now = c->inflight == 0 && c->sendq == NULL && !c->want_out;
+  /* No more EPOLLIN: the client's EOF, level-triggered, would
+   * otherwise wake the loop for nothing until the last reply. */
+  if (!now)
+    conn_update_events(c);
+  pthread_mutex_unlock(&c->lock);
+  return now;
+}
+
 int
 transmission_header(struct conn *c)
 {
@@ -1068,17 +1087,7 @@ transmission_header(struct conn *c)
   }
   if (r.type == NBD_CMD_DISC) {
     log_debug("%s: disconnect requested", c->peer);
-    c->state = CS_CLOSING;
-    c->dst = NULL;
-    pthread_mutex_lock(&c->lock);
-    c->closing = true;
-    bool now = c->inflight == 0 && c->sendq == NULL && !c->want_out;
-    /* No more EPOLLIN: the client's EOF, level-triggered, would
-     * otherwise wake the loop for nothing until the last reply. */
-    if (!now)
-      conn_update_events(c);
-    pthread_mutex_unlock(&c->lock);
-    return now ? -1 : 0; /* -1 closes at once, gracefully */
+    return transmission_end(c) ? -1 : 0; /* -1 closes at once, gracefully */
   }
   /* Compact headers: only WRITE carries a payload, and PAYLOAD_LEN is
    * just a bad flag. Extended headers: the flag alone says whether a

@@ -5,7 +5,9 @@ its sending side: the server must not spin on the client's EOF (its CPU
 stays near idle while the client does not read), every reply still
 arrives whole once the client reads, and then the server closes. A second
 client does the same and then resets instead: the server drops it and
-goes on serving."""
+goes on serving. A third client sends no DISC, only its EOF after the
+READs: as after DISC, every reply arrives whole, then the server
+closes."""
 import os
 import socket
 import struct
@@ -38,15 +40,37 @@ def fill(c):
     return data
 
 
-def backlog(c):
+def backlog(c, disc=True):
     """DEPTH READs, replies unread; once they are answered (and wait in
-    the server for room in the socket), a DISC, and the sending side is
-    shut."""
+    the server for room in the socket), a DISC (unless not disc), and the
+    sending side is shut."""
     c.send(b"".join(request_bytes(CMD_READ, i * REQ, REQ, cookie=i + 1)
                     for i in range(DEPTH)))
     time.sleep(0.5)
-    c.send(request_bytes(CMD_DISC))
+    if disc:
+        c.send(request_bytes(CMD_DISC))
     c.sock.shutdown(socket.SHUT_WR)
+
+
+def drain(c, data, after):
+    """Reads the DEPTH replies, checks them against data, and that the
+    server closes then."""
+    seen = set()
+    for _ in range(DEPTH):
+        err, got = c.reply(None, REQ)
+        i = c.reply_cookie - 1
+        if err or not 0 <= i < DEPTH or i in seen:
+            raise Failure("READ reply for cookie %d: error %s, or not one "
+                          "of ours, or twice" % (i + 1, errname(err)))
+        seen.add(i)
+        if got != data[i * REQ:(i + 1) * REQ]:
+            raise Failure("READ %d after %s returned other bytes" %
+                          (i, after))
+    expect(len(seen) == DEPTH, "all %d replies after %s, whole" %
+           (DEPTH, after))
+    expect(c.wait_closed(10), "server closes once the replies are out "
+           "(after %s)" % after)
+    c.close()
 
 
 def main(server):
@@ -65,19 +89,7 @@ def main(server):
     # A loop spinning on the EOF burns a whole core: ~tick per second.
     expect(used < tick // 4, "server idle while the client reads nothing "
            "(%d of %d ticks in 1 s)" % (used, tick))
-    seen = set()
-    for _ in range(DEPTH):
-        err, got = c.reply(None, REQ)
-        i = c.reply_cookie - 1
-        if err or not 0 <= i < DEPTH or i in seen:
-            raise Failure("READ reply for cookie %d: error %s, or not one "
-                          "of ours, or twice" % (i + 1, errname(err)))
-        seen.add(i)
-        if got != data[i * REQ:(i + 1) * REQ]:
-            raise Failure("READ %d after DISC returned other bytes" % i)
-    expect(len(seen) == DEPTH, "all %d replies after DISC, whole" % DEPTH)
-    expect(c.wait_closed(10), "server closes once the replies are out")
-    c.close()
+    drain(c, data, "DISC")
 
     # The same backlog, then a reset (SO_LINGER 0): the server must drop
     # the connection, not spin on the error, and go on serving.
@@ -95,6 +107,14 @@ def main(server):
     expect(used < tick // 4, "server idle after the reset (%d of %d ticks "
            "in 1 s)" % (used, tick))
     still_serving(server, what="a reset with replies pending after DISC")
+
+    # No DISC: the client's EOF after its last request ends the
+    # connection the same way, its replies first.
+    e = Conn(server)
+    e.open_export(structured=False)
+    data = fill(e)  # still_serving wrote some
+    backlog(e, disc=False)
+    drain(e, data, "the client's EOF")
 
 
 run(main, exports=("memory:%dM" % (DEPTH * REQ >> 20),))
