@@ -186,6 +186,17 @@ q_refuse_features(struct qcow2_level *l, char *err, size_t errlen)
   return 0;
 }
 
+/* Said after "past the end of the file" when the image carries the
+ * corrupt bit, which our writer leaves set until its last byte is in. */
+static const char *
+q_cut_hint(const struct qcow2_level *l)
+{
+  return (l->h.incompat & QCOW2_INCOMPAT_CORRUPT)
+           ? " (the image is marked corrupt: its writer may have been cut "
+             "short)"
+           : "";
+}
+
 static int
 q_read_l1(struct qcow2_level *l, char *err, size_t errlen)
 {
@@ -215,9 +226,9 @@ q_read_l1(struct qcow2_level *l, char *err, size_t errlen)
                      l->file_size - off < l->cluster))
       r = fmt_fail(err, errlen, -EINVAL,
                  "%s: L1 entry %u points at an L2 table at offset %llu, "
-                 "past the end of the %llu-byte file", l->path, i,
+                 "past the end of the %llu-byte file%s", l->path, i,
                  (unsigned long long)off,
-                 (unsigned long long)l->file_size);
+                 (unsigned long long)l->file_size, q_cut_hint(l));
     else
       l->l1[i] = off;
   }
@@ -442,15 +453,15 @@ q_l2_slice(struct qcow2_level *l, uint32_t l1i, uint64_t first, uint64_t n,
     if (r == 0 && out[i].kind == QCOW2_NORMAL &&
         out[i].host_off >= l->file_size) {
       snprintf(why, wl, "L2 entry points at offset %llu, past the end of "
-               "the %llu-byte file", (unsigned long long)out[i].host_off,
-               (unsigned long long)l->file_size);
+               "the %llu-byte file%s", (unsigned long long)out[i].host_off,
+               (unsigned long long)l->file_size, q_cut_hint(l));
       r = -EINVAL;
     }
     if (r == 0 && out[i].kind == QCOW2_COMPRESSED &&
         out[i].host_off >= l->file_size) {
       snprintf(why, wl, "compressed cluster at offset %llu, past the end "
-               "of the %llu-byte file", (unsigned long long)out[i].host_off,
-               (unsigned long long)l->file_size);
+               "of the %llu-byte file%s", (unsigned long long)out[i].host_off,
+               (unsigned long long)l->file_size, q_cut_hint(l));
       r = -EINVAL;
     }
   }
@@ -949,7 +960,10 @@ q_info(struct image *img, struct image_info *out, bool allocation)
   struct qcow2_level *l = &p->lv[0];
   *out = (struct image_info){
     .format = "qcow2",
-    .disk_type = l->h.version >= 3 ? "version 3" : "version 2",
+    .disk_type = l->h.version < 3 ? "version 2"
+                 : (l->h.incompat & QCOW2_INCOMPAT_CORRUPT)
+                   ? "version 3, marked corrupt"
+                   : "version 3",
     .block_size = (uint32_t)l->cluster,
     .allocated = allocation ? q_allocated(l) : 0,
     .parents = p->parents,

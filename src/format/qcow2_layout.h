@@ -34,6 +34,8 @@
 #define QCOW2_INCOMPAT_COMPRESSION (UINT64_C(1) << 3)
 #define QCOW2_INCOMPAT_EXTL2 (UINT64_C(1) << 4)
 #define QCOW2_INCOMPAT_KNOWN UINT64_C(0x1f)
+/* Where the incompatible features field lies in the header. */
+#define QCOW2_HEADER_INCOMPAT_OFFSET 72
 
 #define QCOW2_COMPAT_LAZY_REFCOUNTS (UINT64_C(1) << 0)
 

@@ -9,10 +9,13 @@
 #include "format/qcow2_write.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "format/common.h"
 #include "format/qcow2_layout.h"
@@ -43,7 +46,27 @@ struct qcow2_writer {
   uint8_t *table;         /* owned: one cluster, to build tables in */
   uint64_t pos;
   bool started, done;
+  /* Into a regular file, the header goes out with the corrupt bit set
+   * and loses it once the disk's last byte is in, at header + 72: an
+   * image cut short is not taken for a whole one. */
+  bool marked;
+  uint64_t header;
 };
+
+/* Whether fd is a regular file that this writer may mark: not in append
+ * mode (where pwrite would append), its offset known. */
+static bool
+qw_may_mark(struct qcow2_writer *w, int fd)
+{
+  struct stat st;
+  int fl = fcntl(fd, F_GETFL);
+  off_t at = lseek(fd, 0, SEEK_CUR);
+  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || fl < 0 ||
+      (fl & O_APPEND) || at < 0)
+    return false;
+  w->header = (uint64_t)at;
+  return true;
+}
 
 static bool
 qw_allocated(const struct qcow2_writer *w, uint64_t c)
@@ -164,6 +187,7 @@ qw_header(struct qcow2_writer *w)
     .refcount_order = 4,
     .header_len = QW_HEADER_LEN,
     .compression = QCOW2_COMPRESSION_DEFLATE,
+    .incompat = w->marked ? QCOW2_INCOMPAT_CORRUPT : 0,
   };
   memset(w->table, 0, QW_CLUSTER);
   qcow2_header_encode(&h, w->table);
@@ -259,6 +283,7 @@ qcow2_writer_put(struct qcow2_writer *w, int fd, uint64_t off,
                    (unsigned long long)off, (unsigned long long)w->pos);
   if (!w->started) {
     w->started = true;
+    w->marked = qw_may_mark(w, fd);
     r = qw_header(w);
     if (r == 0)
       r = qw_l1(w);
@@ -294,6 +319,15 @@ qcow2_writer_put(struct qcow2_writer *w, int fd, uint64_t off,
       buf += n;
   }
   w->pos = off;
+  if (w->pos == w->end && w->marked) {
+    /* Whole: the incompatible features field goes back to none. */
+    static const uint8_t none[8];
+    r = file_pwrite_full(fd, none, sizeof none,
+                         w->header + QCOW2_HEADER_INCOMPAT_OFFSET);
+    if (r < 0)
+      return fmt_fail(err, errlen, r, "clearing the qcow2 header's corrupt "
+                      "bit at the end: %s", strerror(-r));
+  }
   w->done = w->pos == w->end;
   return 0;
 }

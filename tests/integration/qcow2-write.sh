@@ -8,7 +8,8 @@
 # holes and all-zero data stay unallocated. A size that is no multiple of
 # 512 (written rounded up to a whole sector, as the VHD writer does, so
 # that qemu reads every byte), generated sources, a VHD source, a
-# flattened backing chain, and the round trip qcow2 -> VHD -> qcow2.
+# flattened backing chain, and the round trip qcow2 -> VHD -> qcow2. A
+# file cut short keeps the corrupt bit its header starts with.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 tmpdir_make
@@ -29,6 +30,9 @@ written () {
         fail "$what: the header does not start QFI\\xfb, version 3: $hdr"
     [ "${hdr:40:8}" = 00000010 ] ||
         fail "$what: cluster_bits ${hdr:40:8}, want 16 (64 KiB)"
+    hdr=$(od -An -v -t x1 -j 72 -N 8 "$img" | tr -d ' \n')
+    [ "$hdr" = 0000000000000000 ] ||
+        fail "$what: incompatible features $hdr, want none"
     qemu-img check -f qcow2 "$img" >"$TMP/check.out" 2>&1 ||
         fail "$what: qemu-img check exits $?: $(cat "$TMP/check.out")"
     note "ok: $what: qemu-img check: $(head -n 1 "$TMP/check.out")"
@@ -129,4 +133,24 @@ qref "$TMP/ch/top.qcow2" "$TMP/ch/top.raw"
 ok "chain -> qcow2" copy --src-format qcow2 "$TMP/ch/top.qcow2" "$TMP/flat.qcow2" \
     --dst-format qcow2
 written "flattened chain" "$TMP/flat.qcow2" "$TMP/ch/top.raw"
+# Cut short (the file size limit kills it at 8 MiB of 24): the header
+# keeps the corrupt bit it was written with, so that qemu will not open
+# the image read-write and nbdflow says why the image is short.
+make_random "$TMP/dense.raw" 24
+rc=0
+(ulimit -f 8192; exec "$NBDFLOW" copy "$TMP/dense.raw" "$TMP/cut.qcow2" \
+    --dst-format qcow2) 2>"$TMP/err" || rc=$?
+[ "$rc" != 0 ] || fail "a copy cut at 8 MiB exited 0"
+hdr=$(od -An -v -t x1 -j 72 -N 8 "$TMP/cut.qcow2" | tr -d ' \n')
+[ "$hdr" = 0000000000000002 ] ||
+    fail "cut short: incompatible features $hdr, want the corrupt bit"
+if qemu-io -f qcow2 -c "write 0 4k" "$TMP/cut.qcow2" >"$TMP/qio" 2>&1; then
+    fail "qemu-io opened the cut image read-write"
+fi
+grep -q "corrupt" "$TMP/qio" || fail "qemu-io: $(cat "$TMP/qio")"
+ok "cut short: info" info "$TMP/cut.qcow2"
+grep -q "disk-type: version 3, marked corrupt" "$TMP/out" ||
+    fail "info of the cut image: $(cat "$TMP/out")"
+refused "cut short: copy out" copy "$TMP/cut.qcow2" "$TMP/cut.raw"
+err_says "past the end of the .*marked corrupt: its writer may have been"
 echo "PASS"
