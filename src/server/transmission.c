@@ -472,6 +472,12 @@ run_simple(struct req *q)
 
   switch (r->type) {
   case NBD_CMD_WRITE:
+    if (fua && q->part_off > 0) {
+      /* The last piece of a long WRITE: the earlier ones went without
+       * FUA, and a write-through of this one would leave them out. */
+      int rc = run_write(q, false);
+      return rc < 0 ? rc : e->ops->flush(e);
+    }
     return run_write(q, fua);
   case NBD_CMD_FLUSH:
     return e->ops->flush(e);

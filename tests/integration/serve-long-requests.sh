@@ -8,7 +8,7 @@
 # serves them in pieces (its peak memory grows by less than one such
 # request) while a client that did agree is still refused, in clear and
 # inside TLS; the export is compared with what was written, byte for
-# byte.
+# byte. A long WRITE with FUA is flushed whole before its reply.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need python3
@@ -61,6 +61,51 @@ written "$TMP/disk.img" "$TMP/our.data"
 grep -q "payload of 44040192 bytes exceeds the maximum 33554432 the client agreed to" \
     "$SERVER_LOG" || fail "the refused 42 MiB WRITE is not logged"
 server_alive || fail "server died"
+
+# FUA on a long WRITE: the reply may go out only once every piece is on
+# stable storage, not just the last one (the earlier pieces are written
+# without FUA): a flush of the file must follow the last write.
+if can_strace; then
+    strace -f -qq -e trace=pwrite64,pwritev,pwritev2,fdatasync,fsync,splice \
+        -o "$TMP/fua.trace" -p "$SERVER_PID" 2>/dev/null &
+    st=$!
+    wait_for all_traced "$SERVER_PID"
+    check "a 42 MiB WRITE with FUA, in pieces" python3 - "$PORT" \
+        "$LIB_DIR/../hostile/lib" "$TMP/fua.data" <<'PY'
+import os
+import socket
+import sys
+sys.path.insert(0, sys.argv[2])
+import rawnbd as r
+
+
+class Tcp:
+    def connect(self, timeout):
+        return socket.create_connection(("127.0.0.1", int(sys.argv[1])),
+                                        timeout)
+
+
+c = r.Conn(Tcp())
+c.greeting()
+r.expect_rep(c.structured_reply(), r.REP_ACK, "STRUCTURED_REPLY")
+c.go(b"disk", infos=())  # no block sizes agreed
+data = os.urandom(42 << 20)
+err, _ = c.do(r.CMD_WRITE, 1 << 20, len(data), r.CMD_FLAG_FUA, payload=data)
+r.expect_err(err, 0, "42 MiB WRITE with FUA")
+open(sys.argv[3], "wb").write(data)
+c.request(r.CMD_DISC)
+PY
+    kill "$st"; wait "$st" 2>/dev/null || true
+    written "$TMP/disk.img" "$TMP/fua.data"
+    last=$(grep -E 'pwrite|splice|fdatasync|fsync' "$TMP/fua.trace" |
+           grep -v 'resumed>' | tail -n 1)
+    case $last in
+        *fdatasync\(*|*fsync\(*) note "ok: the FUA WRITE ends with a flush: $last" ;;
+        *) fail "the last call of the FUA WRITE is not a flush: $last" ;;
+    esac
+else
+    note "strace cannot trace here: the FUA check of a long WRITE is skipped"
+fi
 serve_stop
 
 # The same inside TLS, where a piece leaves as records the transport may
