@@ -575,6 +575,10 @@ conn_create(struct sloop *sl, int fd, const struct transport *tls,
     transport_init_plain(&c->t, fd);
   }
   conn_setup_socket(s, c);
+  /* --stats: counters are deltas from the first sample, which a
+   * connection shorter than the loop's tick would otherwise not get. */
+  if (s->cfg.stats && c->is_tcp)
+    tcpinfo_sample(&c->tcp, c->fd);
   c->next = sl->conns;
   if (sl->conns)
     sl->conns->prev = c;
