@@ -486,14 +486,18 @@ vhd_rw_zero(struct image *img, uint64_t len, uint64_t off, unsigned flags,
   } else if (may_trim) {
     r = rw_blocks(p, RW_CLEAR, NULL, len, off);
   } else {
-    /* No hole: the allocated blocks get zeroes written; unallocated
-     * ones read as zeroes already. */
+    /* No hole: the range must be provisioned (the spec's NO_HOLE), so
+     * an unallocated block is allocated first, its sectors' bits set,
+     * and then every block gets zeroes written over the range, so that
+     * the file holds them too. */
     while (len > 0 && r == 0) {
       uint32_t b = (uint32_t)(off / l->block_size);
       uint64_t n = (uint64_t)(b + 1) * l->block_size - off;
       if (n > len)
         n = len;
-      if (rw_bat(l, b) != VHD_BAT_UNUSED)
+      if (rw_bat(l, b) == VHD_BAT_UNUSED)
+        r = rw_write_block(p, b, NULL, n, off);
+      if (r == 0)
         r = rw_write_block(p, b, NULL, n, off);
       off += n;
       len -= n;

@@ -139,27 +139,43 @@ ops "$sock" "$TMP/garb.raw" 11 200 dyn
 serve_stop
 readback "garbage under clear bits" "$TMP/garb.vhd" "$TMP/garb.raw"
 
-# Zeroing and trimming unallocated blocks allocates nothing.
-gen make "$TMP/empty.vhd" --type dynamic --size $size --data "block:0"
+# Zeroing and trimming unallocated blocks allocates nothing; zeroing
+# with NO_HOLE provisions the range (the spec's MUST): its block is
+# allocated, and the range reads as zeroes, as data.
+gen make "$TMP/empty.vhd" --type dynamic --size $size --data "block:0" \
+    --expect "$TMP/empty.raw"
 ok "info before" info "$TMP/empty.vhd"
 before=$(field allocated)
 serve_start --unix "$sock" "$TMP/empty.vhd"
-py - "$LIB_DIR" "$sock" <<'PY' || fail "zeroes into unallocated blocks"
+zeroes () {
+    py - "$LIB_DIR" "$sock" "$1" <<'PY' || fail "zeroes into unallocated blocks"
 import sys
 sys.path.insert(0, sys.argv[1])
 import nbdmini
 c = nbdmini.Conn(sys.argv[2])
-c.zero(2 << 20, 3 << 20)
-c.zero(5 << 20, 1 << 20, no_hole=True)
-c.trim(6 << 20, 2 << 20)
+if sys.argv[3] == "hole":
+    c.zero(2 << 20, 3 << 20)
+    c.trim(6 << 20, 2 << 20)
+else:
+    c.zero(5 << 20, 1 << 20, no_hole=True)
 c.flush()
 c.close()
 PY
-serve_stop
+}
+zeroes hole
 ok "info after" info "$TMP/empty.vhd"
 [ "$(field allocated)" = "$before" ] ||
     fail "zeroes allocated blocks: $before bytes before, $(field allocated) after"
 note "ok: zeroes and trims of unallocated blocks allocate nothing"
+zeroes no-hole
+serve_stop
+ok "info after NO_HOLE" info "$TMP/empty.vhd"
+[ "$(field allocated)" = "$((before + (2 << 20)))" ] ||
+    fail "NO_HOLE zeroes: $before bytes allocated before, $(field allocated) after (want one 2 MiB block more)"
+ok "map after NO_HOLE" info --map "$TMP/empty.vhd"
+grep -Eq "^ *5242880 +1048576 +0 +data" "$TMP/out" ||
+    fail "NO_HOLE range not data in the map: $(cat "$TMP/out")"
+readback "NO_HOLE zeroes" "$TMP/empty.vhd" "$TMP/empty.raw" qemu
 
 # ---- A differencing child over its parent -----------------------------------
 mkdir "$TMP/p" "$TMP/c"
