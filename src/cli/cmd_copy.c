@@ -33,6 +33,7 @@
 
 struct copy_args {
   const char *src, *dst;
+  const char *dst_open; /* DST as given, to open; dst hides its password */
   unsigned connections;
   bool verify, json;
   bool no_space_check;      /* --no-space-check */
@@ -884,7 +885,8 @@ copy_verify(struct copy_args *a, const struct copy_chunks *want,
                               .retry_delay_ms = a->retry_delay_ms,
                               .format = a->dst_format,
                               .format_given = a->dst_format != 0 };
-  if (endpoint_open(&s.env, a->dst, &eo, &s.src, err, sizeof err) < 0) {
+  if (endpoint_open(&s.env, a->dst_open, &eo, &s.src, err, sizeof err) <
+      0) {
     log_error("verify: %s", err);
     goto out;
   }
@@ -1124,15 +1126,22 @@ cmd_copy(int argc, char **argv)
     return rc;
   if (cmd_check_uri(a.src) < 0 || cmd_check_uri(a.dst) < 0)
     return 2;
+  /* An http(s) URL's password goes to the server, never into a message
+   * or the report: those name DST with "***" in its place. */
+  char *dst_shown = http_url_redacted(a.dst);
+  a.dst_open = a.dst;
+  if (dst_shown)
+    a.dst = dst_shown;
   /* --nbd-export fills in an NBD URI's empty export name: from here on
    * DST names the export itself, for the journal, --verify and messages. */
   char *dst_named = NULL;
   if (a.dst_fill_export) {
     if ((dst_named = uri_with_export(a.dst, a.nbd_export)) == NULL) {
       log_error("out of memory");
+      free(dst_shown);
       return 1;
     }
-    a.dst = dst_named;
+    a.dst = a.dst_open = dst_named;
     a.nbd_export = NULL;
   }
   rc = 1;
@@ -1214,6 +1223,7 @@ cmd_copy(int argc, char **argv)
     goto out;
   struct endpoint_opts dopt = {
     .write = true, .connections = a.connections, .allocated = a.o.allocated,
+    .shown = a.dst != a.dst_open ? a.dst : NULL,
     .dense = a.o.no_zero_detect,
     .nagle = a.nagle, .split_writes = a.split_writes,
     .timeout_s = a.o.timeout_s,
@@ -1230,7 +1240,8 @@ cmd_copy(int argc, char **argv)
     .no_tls_verify = a.no_tls_verify,
     .tls_priority = a.tls_priority,
   };
-  if (endpoint_open(&s.env, a.dst, &dopt, &s.dst, err, sizeof err) < 0) {
+  if (endpoint_open(&s.env, a.dst_open, &dopt, &s.dst, err, sizeof err) <
+      0) {
     log_error("%s", err);
     goto out;
   }
@@ -1291,6 +1302,7 @@ out:
   journal_free(journal);
   free(alloc.bits);
   free(dst_named);
+  free(dst_shown);
   if (rc != 0 && copy_signal())
     cmd_die_by_signal(copy_signal()); /* so that a calling loop stops */
   return rc;

@@ -57,6 +57,8 @@ client_http_put(struct client_conn *c, const struct client_http *h,
     return r;
   }
   static __thread char resp[HTTP_MAX_HEAD];
+  struct http_response rsp;
+again:;
   size_t have = 0, end = 0;
   while (end == 0) {
     if (have == sizeof resp) {
@@ -88,13 +90,17 @@ client_http_put(struct client_conn *c, const struct client_http *h,
     have++;
     end = http_head_end(resp, have);
   }
-  struct http_response rsp;
   r = http_parse_response(resp, end, &rsp, err, sizeof err);
   if (r < 0) {
     snprintf(c->errmsg, sizeof c->errmsg, "the answer to the PUT is not "
              "HTTP: %.200s", err);
     return r;
   }
+  /* An interim answer (100 Continue, 102, 103) comes before the real
+   * one, which HTTP says to wait for; 101 would switch protocols, which
+   * we did not ask for, and counts as a refusal below. */
+  if (rsp.status >= 100 && rsp.status <= 199 && rsp.status != 101)
+    goto again;
   if (rsp.status < 200 || rsp.status > 299) {
     snprintf(c->errmsg, sizeof c->errmsg, "the server refused the PUT: "
              "'%.160s'", rsp.status_line);

@@ -146,6 +146,21 @@ chunked_frame(struct chunked_priv *p, uint64_t off, const uint8_t *buf,
   return r;
 }
 
+/* Whether the receiver has closed its side already (EOF, or TLS
+ * close_notify): before the end marker, that says it stopped reading
+ * early. What it may have said meanwhile is read and dropped. */
+static bool
+chunked_peer_closed(struct chunked_priv *p)
+{
+  uint8_t buf[4096];
+  for (;;) {
+    ssize_t n = p->conn.tp.ops->recv(&p->conn.tp, buf, sizeof buf);
+    if (n > 0)
+      continue;
+    return n == 0 || (n < 0 && n != -EAGAIN && n != -EINTR);
+  }
+}
+
 /* After the end marker on a connection: Chunked has no reply, but a
  * receiver closes the connection once the whole stream is stored (xapi
  * does, as xapi's sparse_dd waits for; nbdflow serve does after its
@@ -207,7 +222,15 @@ chunked_work(struct work *w)
   } else if (op->type == EP_FLUSH) {
     uint8_t hdr[CHUNKED_HEADER_LEN] = { 0 };
     struct iovec iov = { hdr, sizeof hdr };
-    r = chunked_send(p, &iov, 1);
+    if (p->conn.tp.ops && chunked_peer_closed(p)) {
+      /* Its close after the end marker is what says all was stored. */
+      r = -ECONNRESET;
+      snprintf(op->errmsg, sizeof op->errmsg, "the receiver closed its "
+               "side before the end of the stream: it did not take all of "
+               "it");
+    } else {
+      r = chunked_send(p, &iov, 1);
+    }
     if (r == 0) {
       p->ended = true;
       p->sent += sizeof hdr;
@@ -484,9 +507,10 @@ endpoint_open_http(struct ep_env *env, const char *spec,
                    const struct endpoint_opts *o, struct endpoint **out,
                    char *err, size_t errlen)
 {
+  const char *name = o->shown ? o->shown : spec; /* for messages */
   if (!o->write) {
     snprintf(err, errlen, "%s: an http(s) URL is a destination only (xapi "
-             "receives uploads there)", spec);
+             "receives uploads there)", name);
     return -EINVAL;
   }
   struct ep_http *x = calloc(1, sizeof *x);
@@ -494,7 +518,7 @@ endpoint_open_http(struct ep_env *env, const char *spec,
   if (x == NULL || u == NULL) {
     free(x);
     free(u);
-    snprintf(err, errlen, "%s: out of memory", spec);
+    snprintf(err, errlen, "%s: out of memory", name);
     return -ENOMEM;
   }
   x->body.fd = -1;
@@ -519,7 +543,7 @@ endpoint_open_http(struct ep_env *env, const char *spec,
   };
   if (u->tls &&
       (r = tls_creds_client_new(&x->h.tls, &x->creds, why, sizeof why)) < 0) {
-    snprintf(err, errlen, "%s: TLS credentials: %s", spec, why);
+    snprintf(err, errlen, "%s: TLS credentials: %s", name, why);
     ep_http_free(x);
     return r;
   }
@@ -530,7 +554,7 @@ endpoint_open_http(struct ep_env *env, const char *spec,
     int fd = sock_connect_tcp(u->host, u->port,
                               client_handshake_ms(o->timeout_s), NULL, NULL);
     if (fd < 0) {
-      snprintf(err, errlen, "%s: connect to %s port %s: %s", spec, u->host,
+      snprintf(err, errlen, "%s: connect to %s port %s: %s", name, u->host,
                u->port, strerror(-fd));
       ep_http_free(x);
       return fd;
@@ -548,22 +572,22 @@ endpoint_open_http(struct ep_env *env, const char *spec,
       r = -EPROTO;
     }
     if (r < 0) {
-      snprintf(err, errlen, "%s: %s", spec, c.errmsg);
+      snprintf(err, errlen, "%s: %s", name, c.errmsg);
       client_drop_socket(&c);
       ep_http_free(x);
       return r;
     }
-    return endpoint_open_chunked(env, spec, &c, true, x, o, out, err,
+    return endpoint_open_chunked(env, name, &c, true, x, o, out, err,
                                  errlen);
   }
   struct endpoint_opts no = *o;
   no.http = x;
-  r = endpoint_open_nbd(env, spec, &no, out, err, errlen);
+  r = endpoint_open_nbd(env, name, &no, out, err, errlen);
   if (r != CLIENT_HTTP_BODY)
     return r; /* x belongs to the NBD endpoint, or was freed with it */
   /* The answer expects a body: Chunked on that connection. */
   struct client_conn c = x->body;
   memset(&x->body, 0, sizeof x->body);
   x->body.fd = -1;
-  return endpoint_open_chunked(env, spec, &c, true, x, o, out, err, errlen);
+  return endpoint_open_chunked(env, name, &c, true, x, o, out, err, errlen);
 }

@@ -171,12 +171,16 @@ transport_send_buf(struct transport *t, const void *buf, size_t len,
   return transport_send_all(t, &iov, 1, flags, timeout_ms);
 }
 
-int
-transport_recv_all(struct transport *t, void *buf, size_t len,
-                   int timeout_ms)
+/* recv_all's work; with idle, the time limit starts again with every
+ * byte that comes. *got (when not NULL): the bytes read, on failure too. */
+static int
+recv_exact(struct transport *t, void *buf, size_t len, int timeout_ms,
+           bool idle, size_t *got)
 {
   uint64_t deadline = transport_deadline(timeout_ms);
   char *p = buf;
+  if (got)
+    *got = 0;
   while (len > 0) {
     ssize_t n = t->ops->recv(t, p, len);
     if (n == -EAGAIN) {
@@ -196,6 +200,24 @@ transport_recv_all(struct transport *t, void *buf, size_t len,
       return -ECONNRESET;
     p += n;
     len -= (size_t)n;
+    if (got)
+      *got += (size_t)n;
+    if (idle)
+      deadline = transport_deadline(timeout_ms);
   }
   return 0;
+}
+
+int
+transport_recv_all(struct transport *t, void *buf, size_t len,
+                   int timeout_ms)
+{
+  return recv_exact(t, buf, len, timeout_ms, false, NULL);
+}
+
+int
+transport_recv_idle(struct transport *t, void *buf, size_t len,
+                    int idle_ms, size_t *got)
+{
+  return recv_exact(t, buf, len, idle_ms, true, got);
 }

@@ -60,6 +60,10 @@ int transport_send_buf(struct transport *t, const void *buf, size_t len,
  * arrived (TCP_QUICKACK). */
 int transport_recv_all(struct transport *t, void *buf, size_t len,
                        int timeout_ms);
+/* As recv_all, but idle_ms limits each wait for more, not the whole;
+ * *got is what was read, on failure too. */
+int transport_recv_idle(struct transport *t, void *buf, size_t len,
+                        int idle_ms, size_t *got);
 
 /* Advances iov past n sent bytes; returns the new iovcnt. */
 int transport_iov_advance(struct iovec **iov, int iovcnt, size_t n);

@@ -23,6 +23,28 @@ http_fail(char *err, size_t errlen, int r, const char *fmt, ...)
   return r;
 }
 
+char *
+http_url_redacted(const char *s)
+{
+  const char *p = strstr(s, "://");
+  if (!http_url_is_http(s) || p == NULL)
+    return NULL;
+  p += 3;
+  size_t alen = strcspn(p, "/?#");
+  const char *at = memrchr(p, '@', alen);
+  const char *colon = at ? memchr(p, ':', (size_t)(at - p)) : NULL;
+  if (colon == NULL)
+    return NULL;
+  size_t head = (size_t)(colon + 1 - s);
+  char *out = malloc(head + 3 + strlen(at) + 1);
+  if (out == NULL)
+    return NULL;
+  memcpy(out, s, head);
+  memcpy(out + head, "***", 3);
+  strcpy(out + head + 3, at);
+  return out;
+}
+
 bool
 http_url_is_http(const char *s)
 {
@@ -442,6 +464,9 @@ http_parse_request(const char *head, size_t len, struct http_request *r,
       }
       r->has_length = true;
       r->content_length = v;
+    } else if (http_is(name, nlen, "Expect")) {
+      r->expect_continue = vlen == 12 && strncasecmp(val, "100-continue",
+                                                     12) == 0;
     } else if (http_is(name, nlen, "Cookie")) {
       if (http_cookie_get(val, vlen, "chunked", tmp, sizeof tmp) != 0)
         r->chunked = true;

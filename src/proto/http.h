@@ -33,6 +33,9 @@ int http_url_parse(const char *s, struct http_url *u, char *err,
                    size_t errlen);
 void http_url_free(struct http_url *u);
 bool http_url_is_http(const char *s);
+/* s with its password (if any) shown as "***", for messages and reports:
+ * a new string, or NULL when s has no password (or no memory). */
+char *http_url_redacted(const char *s);
 
 /* Writes the head of xapi's upload request into buf: PUT with the
  * target, Host, "Connection: close" (the receiver's close after the
@@ -68,6 +71,7 @@ struct http_request {
   bool has_te;                  /* any Transfer-Encoding header */
   bool has_length;
   uint64_t content_length;
+  bool expect_continue;         /* "Expect: 100-continue" */
   char session[128];            /* session_id from query or cookie */
 };
 

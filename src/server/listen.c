@@ -325,6 +325,8 @@ sloop_tick(struct loop *l, void *arg)
     for (int i = 0; i < s->nlisten; i++)
       loop_mod(l, s->listen_fds[i], EPOLLIN);
   }
+  if (sl == &s->loops[0])
+    xapi_tick(s);
   if (now - sl->last_sweep_ms < 500)
     return;
   sl->last_sweep_ms = now;

@@ -71,6 +71,10 @@ struct xapi {
   struct xsess *sessions; /* under lock */
   int active;             /* under lock */
   bool stopping;          /* under lock */
+  /* Out of fds (or memory) at accept: the listeners rest a second, or
+   * the level-triggered loop would spin on them. Loop thread. */
+  uint64_t paused_ms;
+  bool starved;
 };
 
 /* ---- reading and answering ---- */
@@ -160,19 +164,25 @@ xs_pwrite(struct export *e, const void *buf, uint64_t len, uint64_t off)
   return r;
 }
 
-/* Moves n bytes of body from the socket into pipe fd: 0, or -errno
- * (-ECONNRESET at EOF). */
-static int
+/* Moves up to n bytes of body from the socket into pipe fd: the bytes
+ * moved, fewer than n when the pipe filled first (each segment that
+ * arrived takes one of its slots, so small ones fill it early), or
+ * -errno (-ECONNRESET at EOF). */
+static ssize_t
 xs_splice_pipe(struct xsess *ss, int fd, size_t n)
 {
-  while (n > 0) {
-    ssize_t k = splice(ss->fd, NULL, fd, NULL, n,
+  size_t moved = 0;
+  while (moved < n) {
+    ssize_t k = splice(ss->fd, NULL, fd, NULL, n - moved,
                        SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
     if (k > 0) {
-      n -= (size_t)k;
+      moved += (size_t)k;
     } else if (k == 0) {
       return -ECONNRESET;
     } else if (errno == EAGAIN) {
+      /* The socket has bytes: then the pipe is the one that is full. */
+      if (moved > 0 && sock_readable_bytes(ss->fd) > 0)
+        break;
       struct pollfd pfd = { .fd = ss->fd, .events = POLLIN };
       int pr = poll(&pfd, 1, XAPI_IDLE_MS);
       if (pr == 0)
@@ -183,7 +193,7 @@ xs_splice_pipe(struct xsess *ss, int fd, size_t n)
       return -errno;
     }
   }
-  return 0;
+  return (ssize_t)moved;
 }
 
 /* Worker: writes one full pipe into the export. */
@@ -283,16 +293,17 @@ xs_body_into(struct xsess *ss, struct export *e, uint8_t *buf, size_t cap,
       struct xpipe *xp = xs_take_pipe(ss, off + done, n);
       if (xp == NULL)
         return xs_wait_writes(ss, why, whylen);
-      int r = xs_splice_pipe(ss, xp->fd[1], n);
-      if (r < 0) {
+      ssize_t got = xs_splice_pipe(ss, xp->fd[1], n);
+      if (got < 0) {
         /* What reached the pipe is dropped with it: nothing of a frame
          * that did not arrive whole is written from this piece on. */
         char drain[4096];
         while (read(xp->fd[0], drain, sizeof drain) > 0)
           ;
-        xs_short_body(why, whylen, r, done, len, off);
-        return r;
+        xs_short_body(why, whylen, (int)got, done, len, off);
+        return (int)got;
       }
+      n = (size_t)got;
       xp->off = off + done;
       xp->len = n;
       pthread_mutex_lock(&ss->wlock);
@@ -306,10 +317,12 @@ xs_body_into(struct xsess *ss, struct export *e, uint8_t *buf, size_t cap,
     return 0;
   }
   for (uint64_t done = 0; done < len;) {
-    size_t n = len - done < cap ? (size_t)(len - done) : cap;
-    int r = transport_recv_all(&ss->tp, buf, n, XAPI_IDLE_MS);
+    size_t n = len - done < cap ? (size_t)(len - done) : cap, got;
+    /* Only silence ends it: a slow sender that keeps sending is read
+     * for as long as it takes. */
+    int r = transport_recv_idle(&ss->tp, buf, n, XAPI_IDLE_MS, &got);
     if (r < 0) {
-      xs_short_body(why, whylen, r, done, len, off);
+      xs_short_body(why, whylen, r, done + got, len, off);
       return r;
     }
     r = xs_pwrite(e, buf, n, off + done);
@@ -359,12 +372,17 @@ xs_chunked(struct xsess *ss, struct export *e)
   int r;
   for (;;) {
     uint8_t hdr[CHUNKED_HEADER_LEN];
-    r = transport_recv_all(&ss->tp, hdr, sizeof hdr, XAPI_IDLE_MS);
+    size_t got;
+    r = transport_recv_idle(&ss->tp, hdr, sizeof hdr, XAPI_IDLE_MS, &got);
     if (r == -ECONNRESET) {
+      char part[64] = "";
+      if (got > 0)
+        snprintf(part, sizeof part, " and %zu of the next header's %zu "
+                 "bytes", got, sizeof hdr);
       log_warn("%s: chunked into \"%s\": the stream ended without its end "
-               "marker after %llu frames (%llu bytes): incomplete, not "
+               "marker after %llu frames (%llu bytes)%s: incomplete, not "
                "flushed", ss->peer, e->name, (unsigned long long)frames,
-               (unsigned long long)bytes);
+               (unsigned long long)bytes, part);
       break;
     }
     if (r < 0) {
@@ -427,6 +445,20 @@ xs_export(struct xsess *ss, const char *name)
   return server_find_export(ss->x->s, (const uint8_t *)name, strlen(name));
 }
 
+/* The answer after the body, to a client that sent "Expect:
+ * 100-continue": 200 when it was stored whole, else 500 (the log says
+ * why); the status is then its signal, and the close a plain one. */
+static void
+xs_final(struct xsess *ss)
+{
+  if (ss->failed)
+    xs_answer(ss, 500, "Internal Server Error", NULL,
+              "the body was not stored whole: the server's log says why");
+  else
+    xs_answer(ss, 200, "OK", NULL, NULL);
+  ss->failed = false;
+}
+
 static void
 xs_import(struct xsess *ss, const struct http_request *rq)
 {
@@ -462,9 +494,20 @@ xs_import(struct xsess *ss, const struct http_request *rq)
               vdi, (unsigned long long)e->size);
     return;
   }
-  xs_answer(ss, 200, "OK", NULL, NULL);
+  /* xapi answers before the body, and its senders wait for that answer;
+   * a client that asks to be told to go on (curl does) gets "100
+   * Continue" instead, and the real answer once the body is stored. */
+  bool later = rq->expect_continue;
+  if (later) {
+    static const char go_on[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    (void)transport_send_buf(&ss->tp, go_on, sizeof go_on - 1, 0, 5000);
+  } else {
+    xs_answer(ss, 200, "OK", NULL, NULL);
+  }
   if (rq->chunked) {
     ss->failed = xs_chunked(ss, e) < 0;
+    if (later)
+      xs_final(ss);
     return;
   }
   uint8_t *buf = malloc(CHUNKED_MAX_FRAME);
@@ -472,6 +515,8 @@ xs_import(struct xsess *ss, const struct http_request *rq)
   if (buf == NULL) {
     log_warn("%s: raw body into \"%s\": out of memory", ss->peer, e->name);
     ss->failed = true;
+    if (later)
+      xs_final(ss);
     return;
   }
   xs_pipe_setup(ss, e);
@@ -489,6 +534,8 @@ xs_import(struct xsess *ss, const struct http_request *rq)
   else
     log_info("%s: raw body into \"%s\": %llu bytes, flushed", ss->peer,
              e->name, (unsigned long long)rq->content_length);
+  if (later)
+    xs_final(ss);
 }
 
 static void
@@ -649,10 +696,29 @@ xapi_accept(struct loop *l, int lfd, uint32_t events, void *arg)
   for (;;) {
     int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+      int err = errno;
+      if (err == EMFILE || err == ENFILE || err == ENOBUFS ||
+          err == ENOMEM) {
+        if (!x->starved)
+          log_warn("accept (%s): %s; pausing new connections until fds "
+                   "are free", kind == XAPI_HTTP ? "http" : "chunked",
+                   strerror(err));
+        x->starved = true;
+        if (x->paused_ms == 0) {
+          for (int i = 0; i < x->nfds; i++)
+            loop_mod(x->loop, x->fds[i], 0);
+          x->paused_ms = loop_now_ms();
+        }
+      } else if (err != EAGAIN && err != EINTR && err != ECONNABORTED) {
         log_warn("accept (%s): %s", kind == XAPI_HTTP ? "http" : "chunked",
-                 strerror(errno));
+                 strerror(err));
+      }
       return;
+    }
+    if (x->starved) {
+      x->starved = false;
+      log_info("accepting %s connections again",
+               kind == XAPI_HTTP ? "http" : "chunked");
     }
     char peer[80];
     sock_peer_name(fd, peer, sizeof peer);
@@ -751,6 +817,17 @@ xapi_start(struct server *s, struct loop *l)
   if (r == 0 && s->cfg.chunked_listen)
     r = xapi_listen(x, s->cfg.chunked_listen, XAPI_CHUNKED, "chunked");
   return r;
+}
+
+void
+xapi_tick(struct server *s)
+{
+  struct xapi *x = s->xapi;
+  if (x == NULL || x->paused_ms == 0 || loop_now_ms() - x->paused_ms < 1000)
+    return;
+  x->paused_ms = 0;
+  for (int i = 0; i < x->nfds; i++)
+    loop_mod(x->loop, x->fds[i], EPOLLIN);
 }
 
 void

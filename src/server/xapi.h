@@ -25,5 +25,8 @@ int xapi_start(struct server *s, struct loop *l);
 /* Closes the listeners, ends every session (shutdown(2) of its socket)
  * and waits for their threads. */
 void xapi_stop(struct server *s);
+/* The main loop's tick: listeners paused for want of fds listen again
+ * after a second. */
+void xapi_tick(struct server *s);
 
 #endif

@@ -7,7 +7,8 @@
 # HTTP status where the head allowed one), nothing outside the frames is
 # written, and the server goes on serving. From our sender: a 404, a 500,
 # an early close and an answer whose head never ends: a clear error and a
-# non-zero exit, in bounded time.
+# non-zero exit, in bounded time. Out of fds, the Chunked listener rests
+# and logs it once.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 tmpdir_make
@@ -84,4 +85,32 @@ for mode in 404 500 close endless; do
     [ "$(wc -l <"$TMP/err")" = 1 ] || fail "answer '$mode': more than one line: $(cat "$TMP/err")"
     note "ok: answer '$mode': $(cat "$TMP/err")"
 done
+
+# Out of fds (ulimit -n 64): the Chunked listener rests instead of
+# spinning on accept (it logged hundreds of thousands of lines a second),
+# says so once, and takes uploads again once the fds are free.
+truncate -s 0 "$TMP/exp.img"
+truncate -s 4M "$TMP/exp.img"
+CPORT=$(free_port)
+printf '#!/bin/bash\nulimit -n 64\nexec "%s" "$@"\n' "$NBDFLOW" >"$TMP/lowfd"
+chmod +x "$TMP/lowfd"
+NBDFLOW=$TMP/lowfd serve_tcp --chunked-listen "127.0.0.1:$CPORT" \
+    "disk=$TMP/exp.img"
+check "60 idle connections to a server of 64 fds" python3 - "$CPORT" <<'PY'
+import socket, sys, time
+ss = [socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+      for _ in range(60)]
+time.sleep(2)
+for s in ss:
+    s.close()
+PY
+n=$(grep -c "Too many open files" "$SERVER_LOG" || true)
+[ "$n" -ge 1 ] && [ "$n" -le 2 ] ||
+    fail "out of fds: $n lines about it, want 1: $(grep -m 3 'Too many' "$SERVER_LOG")"
+sleep 1.2 # the listener rests a second
+check "copy once the fds are free" \
+    "$NBDFLOW" copy "$TMP/src.img" "chunked+tcp://127.0.0.1:$CPORT"
+wait_for grep -q 'chunked into "disk": 4194304 bytes.*flushed' "$SERVER_LOG"
+same "$TMP/src.img" "$TMP/exp.img"
+serve_stop
 note "ok: bad input on xapi's transports"
