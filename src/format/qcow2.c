@@ -734,9 +734,16 @@ q_pread(struct image *img, void *buf, uint64_t len, uint64_t off, char *why,
 struct q_ext_arg {
   struct image_extent *ext;
   int n, max;
+  uint64_t budget; /* table entries a call may still look at */
   char *why;
   size_t wl;
 };
+
+/* Table entries one extents call looks at, at most, beyond its max runs:
+ * a bound on its L2 reads (128 KiB of tables), where unallocated L1
+ * entries cost nothing, so that one call describes a hole of any size
+ * and a run of many clusters alike. */
+#define Q_EXTENTS_BUDGET 16384
 
 static int
 q_emit(struct q_ext_arg *o, uint64_t len, uint32_t flags)
@@ -771,6 +778,14 @@ q_ext_run(struct qcow2_priv *p, int k, uint64_t off, uint64_t len,
 {
   struct q_ext_arg *o = arg;
   struct qcow2_level *l = &p->lv[k];
+  if (c != NULL) {
+    /* Entries of an L2 table: they cost a read. Stop (as a full array
+     * does) once the budget is spent, with at least one run out. */
+    uint64_t entries = ((in + len - 1) >> l->cluster_bits) + 1;
+    if (entries > o->budget && o->n > 0)
+      return 1;
+    o->budget = entries > o->budget ? 0 : o->budget - entries;
+  }
   if (c == NULL ||
       (c->kind == QCOW2_UNALLOCATED &&
        (l->entry_len == 8 || (c->sub_alloc | c->sub_zero) == 0)))
@@ -840,13 +855,9 @@ q_extents(struct image *img, uint64_t off, uint64_t len,
     return -EINVAL;
   if (len > img->size - off)
     len = img->size - off;
-  /* Cut the walk to what max runs could describe at worst (one per
-   * cluster), so a full array does not cost a walk over the rest. */
   struct qcow2_priv *p = img->priv;
-  uint64_t cap = (uint64_t)max << p->lv[0].cluster_bits;
-  if (!p->lv[0].raw && len > cap)
-    len = cap;
-  struct q_ext_arg o = { ext, 0, max, why, wl };
+  struct q_ext_arg o = { ext, 0, max, Q_EXTENTS_BUDGET + (uint64_t)max, why,
+                         wl };
   int r = q_extents_level(p, 0, off, len, &o);
   if (r < 0)
     return o.n > 0 ? o.n : r;

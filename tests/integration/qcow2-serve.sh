@@ -8,6 +8,7 @@
 # qcow2 served as raw:PATH (the file's bytes) is read through NBD with
 # --src-format qcow2 (copy, also into a qcow2), sum -f qcow2 and info -f
 # qcow2 as the image; untold, the export's bytes are copied as they are.
+# A large hole maps in one reply (qemu-img map, nbdinfo --map).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need nbdinfo libnbd-bin
@@ -155,5 +156,22 @@ note "ok: NBD (a qcow2) -> qcow2: identical, clean"
 refused "an export holding a qcow2 with a backing file" copy --src-format qcow2 \
     "nbd+unix:///top?socket=$sock" "$TMP/nbdtop.out"
 err_names mid.qcow2
+serve_stop
+
+# Block status of a large hole: one reply for all of it, whatever the
+# cluster size. Each reply used to stop after as many clusters as it may
+# hold runs (one with REQ_ONE, which qemu always sets): qemu-img map of
+# this empty 1 GiB image of 512-byte clusters took 205 s.
+qemu-img create -q -f qcow2 -o cluster_size=512 "$TMP/e512.qcow2" 1G
+serve_start --unix "$sock" "qcow2:$TMP/e512.qcow2"
+timeout 20 qemu-img map -f raw --output=json "nbd+unix:///?socket=$sock" \
+    >"$TMP/qmap" || fail "qemu-img map of an empty 1 GiB qcow2: exit $? (20 s)"
+grep -q '"start": 0, "length": 1073741824,.*"data": false' "$TMP/qmap" ||
+    fail "qemu-img map of an empty 1 GiB qcow2: $(head -c 300 "$TMP/qmap")"
+timeout 20 nbdinfo --map "nbd+unix:///?socket=$sock" >"$TMP/nmap" ||
+    fail "nbdinfo --map of an empty 1 GiB qcow2: exit $?"
+[ "$(wc -l <"$TMP/nmap")" = 1 ] && grep -q '^ *0 *1073741824 *3 *hole,zero' "$TMP/nmap" ||
+    fail "nbdinfo --map of an empty 1 GiB qcow2: $(head -3 "$TMP/nmap")"
+note "ok: an empty 1 GiB qcow2 of 512-byte clusters maps as one hole"
 serve_stop
 echo "PASS"
