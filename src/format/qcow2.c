@@ -315,8 +315,10 @@ q_open_backing(struct qcow2_priv *p, int k, const struct q_names *nm,
       if (p->lv[j].dev == st.st_dev && p->lv[j].ino == st.st_ino) {
         close(fd);
         return fmt_fail(err, errlen, -ELOOP,
-                      "%s: the chain of backing files makes a loop: %s is "
-                      "its own backing file", p->lv[0].path, path);
+                      "%s: the chain of backing files makes a loop: %s "
+                      "names %s as its backing file, which is %s already",
+                      p->lv[0].path, child->path, path,
+                      j == k ? "itself" : "higher in the chain");
       }
   *b = (struct qcow2_level){ .fd = fd, .path = strdup(path) };
   if (b->path == NULL)

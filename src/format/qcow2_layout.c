@@ -362,7 +362,10 @@ qcow2_header_decode(const uint8_t *p, size_t len, struct qcow2_header *h,
                 QCOW2_V2_HEADER_LEN, len);
   decode_v2_fields(p, h);
   if (h->version != 2 && h->version != 3)
-    return fmt_fail(err, errlen, -EINVAL, "qcow2 version %u is not 2 or 3", h->version);
+    return fmt_fail(err, errlen, -EINVAL, h->version == 1
+                    ? "a qcow image of version 1 (qemu's format 'qcow'), "
+                      "which is not read here: convert it with qemu-img"
+                    : "qcow2 version %u is not 2 or 3", h->version);
   if (!cluster_bits_ok(h->cluster_bits))
     return fmt_fail(err, errlen, -EINVAL,
                 "qcow2 cluster bits %u are outside %u to %u (512 bytes to "
