@@ -430,8 +430,11 @@ http_parse_request(const char *head, size_t len, struct http_request *r,
   const char *q = memchr(tgt, '?', tlen);
   size_t plen = q ? (size_t)(q - tgt) : tlen;
   if (!http_decode(tgt, plen, r->path, sizeof r->path, false))
-    return http_fail(err, errlen, -EMSGSIZE, "bad or overlong path in '%s'",
-                     shown);
+    return plen >= sizeof r->path
+             ? http_fail(err, errlen, -EMSGSIZE, "a path over %zu bytes in "
+                         "'%s'", sizeof r->path - 1, shown)
+             : http_fail(err, errlen, -EPROTO, "a bad escape (%%XX, or "
+                         "%%00) in the path of '%s'", shown);
   if (q) {
     size_t qlen = tlen - plen - 1;
     if (qlen >= sizeof r->query)

@@ -465,7 +465,10 @@ xs_import(struct xsess *ss, const struct http_request *rq)
   char vdi[256], fmt[32];
   int r = http_query_get(rq->query, "vdi", vdi, sizeof vdi);
   if (r <= 0) {
-    xs_refuse(ss, 400, "Bad Request", "import_raw_vdi needs vdi=NAME");
+    xs_refuse(ss, 400, "Bad Request", r == 0
+              ? "import_raw_vdi needs vdi=NAME"
+              : "vdi= has a bad escape (%%XX, or %%00) or is over %zu "
+                "bytes", sizeof vdi - 1);
     return;
   }
   r = http_query_get(rq->query, "format", fmt, sizeof fmt);

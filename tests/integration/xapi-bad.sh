@@ -53,6 +53,10 @@ answer "path:/elsewhere" "HTTP/1.1 404"
 answer "path:/import_raw_vdi?vdi=nosuch&format=raw" "HTTP/1.1 404"
 answer "path:/import_raw_vdi?vdi=disk&format=vhd" "HTTP/1.1 400"
 answer "path:/nbd/nosuch" "HTTP/1.1 404"
+answer "path:/nbd/d%00zz" "HTTP/1.1 400"
+expect_log "a bad escape (%XX, or %00) in the path"
+answer "path:/import_raw_vdi?vdi=d%00zz" "HTTP/1.1 400"
+expect_log "vdi= has a bad escape (%XX, or %00) or is over 255 bytes"
 # The server still serves, and a good stream lands whole.
 check "a good stream after all that" \
     "$NBDFLOW" copy "$TMP/src.img" "http://127.0.0.1:$HPORT/import_raw_vdi?vdi=disk&format=raw"
