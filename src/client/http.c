@@ -8,6 +8,7 @@
  * after it (an NBD greeting that came in the same segment) is taken from
  * the socket: it is a few hundred bytes once per connection. */
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -22,6 +23,34 @@ http_left(uint64_t deadline)
     return -1;
   uint64_t now = loop_now_ms();
   return now >= deadline ? 0 : (int)(deadline - now);
+}
+
+/* The start of a refusal's body (a receiver says why there), as one
+ * printable line in out ("" when none came within 200 ms). */
+static void
+http_refusal_text(struct client_conn *c, char *out, size_t outlen)
+{
+  char body[200];
+  size_t have = 0;
+  uint64_t end = loop_now_ms() + 200;
+  out[0] = '\0';
+  while (have < sizeof body) {
+    ssize_t n = c->tp.ops->recv(&c->tp, body + have, sizeof body - have);
+    if (n > 0) {
+      have += (size_t)n;
+      continue;
+    }
+    uint64_t now = loop_now_ms();
+    if (n != -EAGAIN || now >= end)
+      break;
+    struct pollfd p = { .fd = c->fd, .events = POLLIN };
+    (void)poll(&p, 1, (int)(end - now));
+  }
+  size_t k = 0;
+  for (size_t i = 0; i < have && body[i] != '\n' && body[i] != '\r' &&
+                     k + 1 < outlen; i++)
+    out[k++] = body[i] >= 0x20 && body[i] < 0x7f ? body[i] : '?';
+  out[k] = '\0';
 }
 
 int
@@ -102,8 +131,10 @@ again:;
   if (rsp.status >= 100 && rsp.status <= 199 && rsp.status != 101)
     goto again;
   if (rsp.status < 200 || rsp.status > 299) {
+    char why[128];
+    http_refusal_text(c, why, sizeof why);
     snprintf(c->errmsg, sizeof c->errmsg, "the server refused the PUT: "
-             "'%.160s'", rsp.status_line);
+             "'%.160s'%s%s", rsp.status_line, why[0] ? ": " : "", why);
     return rsp.status == 401 || rsp.status == 403 ? -EACCES
            : rsp.status == 404                    ? -ENOENT
                                                   : -EPROTO;
