@@ -108,6 +108,9 @@ int
 main(int argc, char **argv)
 {
   signal(SIGPIPE, SIG_IGN);
+  /* A file size limit (ulimit -f) is an error of the write (EFBIG),
+   * reported like a full disk, not a death without a word. */
+  signal(SIGXFSZ, SIG_IGN);
   /* A write that fails in the middle leaves no errno to report at the
    * end (stdio keeps only a flag): a help or a report held whole until
    * the final flush fails there, naming its reason. */

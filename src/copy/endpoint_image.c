@@ -144,6 +144,13 @@ endpoint_image_exists(const char *path, enum image_format f)
   if (fd < 0)
     return false;
   bool is = image_probe(fd) == (int)f && f == IMAGE_FORMAT_VHD;
+  /* A fixed disk has no footer copy at the start: its footer at the
+   * end (512 bytes, or the oldest writers' 511) says it is one. */
+  char tail[8];
+  for (off_t k = 512; !is && f == IMAGE_FORMAT_VHD && k >= 511; k--)
+    is = st.st_size >= k &&
+         pread(fd, tail, sizeof tail, st.st_size - k) == (ssize_t)sizeof tail &&
+         memcmp(tail, "conectix", sizeof tail) == 0;
   close(fd);
   return is;
 }

@@ -256,8 +256,20 @@ vhd_open_level(struct vhd_level *l, const struct image_opts *o, char *err,
     return fmt_fail(err, errlen, r, "%s: %s%s", l->path,
                     cut ? "truncated or damaged VHD: " : "", why);
   }
-  if (fixed)
+  if (fixed) {
+    /* The check above allows for the old 511-byte footer; the data must
+     * end where this file's footer starts, or its last byte would be the
+     * footer's first. */
+    uint64_t data = l->f.current_size > l->size ? l->f.current_size
+                                                : l->size;
+    if (l->file_size - l->footer_len < data)
+      return fmt_fail(err, errlen, -EINVAL, "%s: truncated or damaged VHD: "
+                      "fixed disk of %llu bytes and its %u-byte footer do "
+                      "not fit in the %llu-byte file", l->path,
+                      (unsigned long long)data, l->footer_len,
+                      (unsigned long long)l->file_size);
     return 0;
+  }
   l->block_size = l->h.block_size;
   l->bitmap_len = vhd_bitmap_len(l->block_size);
   return vhd_read_bat(l, o->check, err, errlen);

@@ -115,6 +115,66 @@ rw_punch(int fd, uint64_t len, uint64_t off)
   return r == -EOPNOTSUPP ? rw_put(fd, NULL, len, off) : r;
 }
 
+static int
+rw_sector_cmp(const void *a, const void *b)
+{
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Whether [off, off + len) meets [o2, o2 + l2). */
+static bool
+rw_meets(uint64_t off, uint64_t len, uint64_t o2, uint64_t l2)
+{
+  return off < o2 + l2 && o2 < off + len;
+}
+
+/* A writer puts bitmap bits and data where the BAT says; where that is
+ * the header, the BAT, a parent locator or another block, it would
+ * write over them (info --check calls these errors; a reader only reads
+ * wrong bytes). So an image open for writing must have none. */
+static int
+rw_check_overlaps(const struct image *img, const struct vhd_level *l,
+                  char *err, size_t errlen)
+{
+  uint32_t *s = malloc(((size_t)l->nblocks + 1) * sizeof *s);
+  if (s == NULL)
+    return fmt_fail(err, errlen, -ENOMEM, "%s: out of memory", img->path);
+  size_t n = 0;
+  for (uint32_t b = 0; b < l->nblocks; b++)
+    if (l->bat[b] != VHD_BAT_UNUSED)
+      s[n++] = l->bat[b];
+  qsort(s, n, sizeof *s, rw_sector_cmp);
+  uint64_t blk = (uint64_t)l->bitmap_len + l->block_size;
+  struct { uint64_t off, len; const char *what; } t[3 + VHD_LOCATORS] = {
+    { 0, VHD_FOOTER_LEN, "the footer copy" },
+    { l->f.data_offset, VHD_HEADER_LEN, "the dynamic header" },
+    { l->h.table_offset, vhd_bat_len(l->h.max_entries), "the BAT" },
+  };
+  int nt = 3;
+  for (int i = 0; i < VHD_LOCATORS; i++)
+    if (l->h.loc[i].code != VHD_LOC_NONE && l->h.loc[i].length > 0)
+      t[nt++] = (typeof(t[0])){ l->h.loc[i].offset, l->h.loc[i].length,
+                                "a parent locator's data" };
+  int r = 0;
+  for (size_t i = 0; i < n && r == 0; i++) {
+    uint64_t off = (uint64_t)s[i] * VHD_SECTOR;
+    const char *what = NULL;
+    if (i > 0 && off < (uint64_t)s[i - 1] * VHD_SECTOR + blk)
+      what = "another block";
+    for (int j = 0; j < nt && what == NULL; j++)
+      if (rw_meets(off, blk, t[j].off, t[j].len))
+        what = t[j].what;
+    if (what)
+      r = fmt_fail(err, errlen, -EINVAL, "%s: the block at sector %u "
+                   "overlaps %s: writing it would damage the image "
+                   "(nbdflow info --check %s says more); it can be read, "
+                   "not written", img->path, s[i], what, img->path);
+  }
+  free(s);
+  return r;
+}
+
 int
 vhd_rw_init(struct image *img, struct vhd_priv *p, char *err, size_t errlen)
 {
@@ -141,7 +201,7 @@ vhd_rw_init(struct image *img, struct vhd_priv *p, char *err, size_t errlen)
   }
   uint64_t at = l->file_size - l->footer_len;
   rw->next = (at + VHD_SECTOR - 1) / VHD_SECTOR * VHD_SECTOR;
-  return 0;
+  return rw_check_overlaps(img, l, err, errlen);
 }
 
 void

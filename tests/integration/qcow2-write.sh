@@ -133,7 +133,7 @@ qref "$TMP/ch/top.qcow2" "$TMP/ch/top.raw"
 ok "chain -> qcow2" copy --src-format qcow2 "$TMP/ch/top.qcow2" "$TMP/flat.qcow2" \
     --dst-format qcow2
 written "flattened chain" "$TMP/flat.qcow2" "$TMP/ch/top.raw"
-# Cut short (the file size limit kills it at 8 MiB of 24): the header
+# Cut short (the file size limit stops it at 8 MiB of 24): the header
 # keeps the corrupt bit it was written with, so that qemu will not open
 # the image read-write and nbdflow says why the image is short.
 make_random "$TMP/dense.raw" 24

@@ -6,8 +6,11 @@
 # bytes), truncated, a BAT entry past the end, a block size that is not a
 # power of two, a missing parent (naming the path looked for), a parent
 # whose UUID changed, chain loops (a disk its own parent, A -> B -> A), and
-# a footer copy that disagrees with the footer, an unknown disk type, and a
-# fixed disk's footer that says it is dynamic.
+# a footer copy that disagrees with the footer, an unknown disk type, a
+# fixed disk's footer that says it is dynamic, and a fixed disk whose
+# data reaches into its footer. Blocks that overlap the header or each
+# other are read but never written (copy into, serve writable: refused),
+# and a file size limit is a one-line error.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 tmpdir_make
@@ -94,4 +97,65 @@ gen make "$TMP/p/A.vhd" --type diff --parent "$TMP/p/base3.vhd" --data "sect:1"
 gen make "$TMP/p/B.vhd" --type diff --parent "$TMP/p/A.vhd" --data "sect:2"
 gen relink "$TMP/p/A.vhd" --parent "$TMP/p/B.vhd"
 bad "A -> B -> A" "$TMP/p/B.vhd" 'loop' A.vhd B.vhd
+
+# A fixed disk whose size reaches into its 512-byte footer: its last
+# byte would be the footer's first. Refused to read, and as DST it is
+# neither written into nor replaced by a new image.
+gen make "$TMP/fx.vhd" --type fixed --size 1M
+python3 - "$TMP/fx.vhd" <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+f.seek(-512, 2)
+ft = bytearray(f.read())
+struct.pack_into(">Q", ft, 48, (1 << 20) + 1)
+struct.pack_into(">I", ft, 64, 0)
+struct.pack_into(">I", ft, 64, ~sum(ft) & 0xFFFFFFFF)
+f.seek(-512, 2)
+f.write(ft)
+PY
+bad "fixed disk into its footer" "$TMP/fx.vhd" 'do not fit'
+fx_sum=$(sha "$TMP/fx.vhd")
+refused "fixed disk into its footer: copy into it" copy "pattern:1048577" \
+    "vhd:$TMP/fx.vhd"
+err_says 'do not fit'
+[ "$(sha "$TMP/fx.vhd")" = "$fx_sum" ] || fail "the damaged fixed disk was written"
+
+# Blocks that overlap the dynamic header, or each other: read (info
+# --check says what is wrong), but never written: a write would damage
+# the image (a bitmap bit over the header) or show in another block.
+gen make "$TMP/ov.vhd" --type dynamic --size 8M --block-size 512K \
+    --data block:0,1
+cp "$TMP/ov.vhd" "$TMP/ov2.vhd"
+python3 - "$TMP/ov.vhd" "$TMP/ov2.vhd" <<'PY'
+import sys
+f = open(sys.argv[1], "r+b")      # block 1 at sector 1: the header
+f.seek(1536 + 4)
+f.write((1).to_bytes(4, "big"))
+g = open(sys.argv[2], "r+b")      # block 1 where block 0 is
+g.seek(1536)
+g.write(g.read(4))
+PY
+for f in ov ov2; do
+    s=$(sha "$TMP/$f.vhd")
+    refused "$f: copy into it" copy pattern:8M "vhd:$TMP/$f.vhd"
+    err_says 'overlaps (the dynamic header|another block).*can be read, not written'
+    refused "$f: serve it writable" serve --unix "$TMP/$f.sock" "vhd:$TMP/$f.vhd"
+    err_says 'overlaps'
+    [ "$(sha "$TMP/$f.vhd")" = "$s" ] || fail "$f: the image was written"
+done
+serve_start --read-only --unix "$TMP/ovr.sock" "vhd:$TMP/ov.vhd"
+serve_stop
+
+# A file size limit (ulimit -f) is EFBIG, said in one line, not a death
+# by SIGXFSZ (exit 153 without a word).
+qemu-img create -q -f vpc "$TMP/lim.vhd" 64M 2>/dev/null ||
+    gen make "$TMP/lim.vhd" --type dynamic --size 64M
+rc=0
+(ulimit -f 1024; exec "$NBDFLOW" copy pattern:64M "vhd:$TMP/lim.vhd") \
+    2>"$TMP/err" || rc=$?
+[ "$rc" = 1 ] || fail "copy under ulimit -f: exit $rc: $(cat "$TMP/err")"
+grep -q "File too large" "$TMP/err" ||
+    fail "copy under ulimit -f: $(cat "$TMP/err")"
+note "ok: copy under ulimit -f: $(cat "$TMP/err")"
+ok "ulimit -f: the image is still whole" info --check "vhd:$TMP/lim.vhd"
 echo "PASS"
