@@ -884,7 +884,9 @@ copy_verify(struct copy_args *a, const struct copy_chunks *want,
                               .retry = a->retry,
                               .retry_delay_ms = a->retry_delay_ms,
                               .format = a->dst_format,
-                              .format_given = a->dst_format != 0 };
+                              .format_given = a->dst_format != 0,
+                              .shown = a->dst != a->dst_open ? a->dst
+                                                             : NULL };
   if (endpoint_open(&s.env, a->dst_open, &eo, &s.src, err, sizeof err) <
       0) {
     log_error("verify: %s", err);

@@ -153,12 +153,13 @@ static bool
 chunked_peer_closed(struct chunked_priv *p)
 {
   uint8_t buf[4096];
-  for (;;) {
+  for (int i = 0; i < 256; i++) { /* at most 1 MiB of chatter */
     ssize_t n = p->conn.tp.ops->recv(&p->conn.tp, buf, sizeof buf);
     if (n > 0)
       continue;
     return n == 0 || (n < 0 && n != -EAGAIN && n != -EINTR);
   }
+  return false;
 }
 
 /* After the end marker on a connection: Chunked has no reply, but a
@@ -527,7 +528,15 @@ endpoint_open_http(struct ep_env *env, const char *spec,
   if (r < 0) {
     free(u);
     free(x);
-    snprintf(err, errlen, "%s", why);
+    /* Its reason quotes the URL: shown as name shows it. */
+    const char *q = name != spec ? strstr(why, spec) : NULL;
+    if (q)
+      snprintf(err, errlen, "%.*s%s%s", (int)(q - why), why, name,
+               q + strlen(spec));
+    else if (name != spec)
+      snprintf(err, errlen, "%s: not a valid http(s) URL", name);
+    else
+      snprintf(err, errlen, "%s", why);
     return r;
   }
   x->url = u;

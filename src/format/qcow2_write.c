@@ -320,10 +320,14 @@ qcow2_writer_put(struct qcow2_writer *w, int fd, uint64_t off,
   }
   w->pos = off;
   if (w->pos == w->end && w->marked) {
-    /* Whole: the incompatible features field goes back to none. */
+    /* Whole: the incompatible features field goes back to none, once
+     * the rest is durable (else a power loss could keep the header and
+     * lose the data it vouches for). */
     static const uint8_t none[8];
-    r = file_pwrite_full(fd, none, sizeof none,
-                         w->header + QCOW2_HEADER_INCOMPAT_OFFSET);
+    r = fdatasync(fd) < 0 ? -errno : 0;
+    if (r == 0)
+      r = file_pwrite_full(fd, none, sizeof none,
+                           w->header + QCOW2_HEADER_INCOMPAT_OFFSET);
     if (r < 0)
       return fmt_fail(err, errlen, r, "clearing the qcow2 header's corrupt "
                       "bit at the end: %s", strerror(-r));

@@ -146,12 +146,13 @@ rw_check_overlaps(const struct image *img, const struct vhd_level *l,
       s[n++] = l->bat[b];
   qsort(s, n, sizeof *s, rw_sector_cmp);
   uint64_t blk = (uint64_t)l->bitmap_len + l->block_size;
-  struct { uint64_t off, len; const char *what; } t[3 + VHD_LOCATORS] = {
+  struct { uint64_t off, len; const char *what; } t[4 + VHD_LOCATORS] = {
     { 0, VHD_FOOTER_LEN, "the footer copy" },
     { l->f.data_offset, VHD_HEADER_LEN, "the dynamic header" },
     { l->h.table_offset, vhd_bat_len(l->h.max_entries), "the BAT" },
+    { l->file_size - l->footer_len, l->footer_len, "the footer" },
   };
-  int nt = 3;
+  int nt = 4;
   for (int i = 0; i < VHD_LOCATORS; i++)
     if (l->h.loc[i].code != VHD_LOC_NONE && l->h.loc[i].length > 0)
       t[nt++] = (typeof(t[0])){ l->h.loc[i].offset, l->h.loc[i].length,

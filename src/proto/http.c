@@ -33,15 +33,29 @@ http_url_redacted(const char *s)
   size_t alen = strcspn(p, "/?#");
   const char *at = memrchr(p, '@', alen);
   const char *colon = at ? memchr(p, ':', (size_t)(at - p)) : NULL;
-  if (colon == NULL)
+  /* xapi's session_id (a bearer token) is hidden as the password is. */
+  const char *sid = strstr(p + alen, "session_id=");
+  if (sid && sid[-1] != '?' && sid[-1] != '&')
+    sid = NULL;
+  if (colon == NULL && sid == NULL)
     return NULL;
-  size_t head = (size_t)(colon + 1 - s);
-  char *out = malloc(head + 3 + strlen(at) + 1);
+  size_t n = strlen(s);
+  char *out = malloc(n + 7);
   if (out == NULL)
     return NULL;
-  memcpy(out, s, head);
-  memcpy(out + head, "***", 3);
-  strcpy(out + head + 3, at);
+  size_t o = 0;
+  for (const char *q = s; *q;) {
+    if (colon && q == colon + 1) {
+      memcpy(out + o, "***", 3), o += 3;
+      q = at;
+    } else if (sid && q == sid + 11) {
+      memcpy(out + o, "***", 3), o += 3;
+      q += strcspn(q, "&#");
+    } else {
+      out[o++] = *q++;
+    }
+  }
+  out[o] = '\0';
   return out;
 }
 

@@ -33,8 +33,9 @@ int http_url_parse(const char *s, struct http_url *u, char *err,
                    size_t errlen);
 void http_url_free(struct http_url *u);
 bool http_url_is_http(const char *s);
-/* s with its password (if any) shown as "***", for messages and reports:
- * a new string, or NULL when s has no password (or no memory). */
+/* s with its password and its query's session_id (if any) shown as
+ * "***", for messages and reports: a new string, or NULL when s has
+ * neither (or no memory). */
 char *http_url_redacted(const char *s);
 
 /* Writes the head of xapi's upload request into buf: PUT with the

@@ -172,16 +172,20 @@ static ssize_t
 xs_splice_pipe(struct xsess *ss, int fd, size_t n)
 {
   size_t moved = 0;
+  bool ready = false; /* poll said the socket is readable */
   while (moved < n) {
     ssize_t k = splice(ss->fd, NULL, fd, NULL, n - moved,
                        SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
     if (k > 0) {
       moved += (size_t)k;
+      ready = false;
     } else if (k == 0) {
       return -ECONNRESET;
     } else if (errno == EAGAIN) {
-      /* The socket has bytes: then the pipe is the one that is full. */
-      if (moved > 0 && sock_readable_bytes(ss->fd) > 0)
+      /* The socket has bytes, or said it was readable (an EOF or an
+       * error, which a full pipe hides from splice): then the pipe is
+       * the one that is full. The next, empty, meets what waits. */
+      if (moved > 0 && (ready || sock_readable_bytes(ss->fd) > 0))
         break;
       struct pollfd pfd = { .fd = ss->fd, .events = POLLIN };
       int pr = poll(&pfd, 1, XAPI_IDLE_MS);
@@ -189,6 +193,7 @@ xs_splice_pipe(struct xsess *ss, int fd, size_t n)
         return -ETIMEDOUT;
       if (pr < 0 && errno != EINTR)
         return -errno;
+      ready = pr > 0;
     } else if (errno != EINTR) {
       return -errno;
     }
@@ -451,12 +456,30 @@ xs_export(struct xsess *ss, const char *name)
 static void
 xs_final(struct xsess *ss)
 {
-  if (ss->failed)
-    xs_answer(ss, 500, "Internal Server Error", NULL,
-              "the body was not stored whole: the server's log says why");
-  else
+  if (!ss->failed) {
     xs_answer(ss, 200, "OK", NULL, NULL);
+    return;
+  }
+  xs_answer(ss, 500, "Internal Server Error", NULL,
+            "the body was not stored whole: the server's log says why");
   ss->failed = false;
+  /* The rest of the body may still come: a close with it unread would
+   * be a reset, which can take the answer with it. So the answer goes
+   * first, with our side shut, and what follows is dropped for up to a
+   * second. */
+  (void)ss->tp.ops->shutdown(&ss->tp);
+  uint64_t end = loop_now_ms() + 1000;
+  char drop[4096];
+  for (;;) {
+    ssize_t k = ss->tp.ops->recv(&ss->tp, drop, sizeof drop);
+    if (k > 0)
+      continue;
+    uint64_t now = loop_now_ms();
+    if (k != -EAGAIN || now >= end)
+      break;
+    struct pollfd pfd = { .fd = ss->fd, .events = POLLIN };
+    (void)poll(&pfd, 1, (int)(end - now));
+  }
 }
 
 static void

@@ -100,6 +100,27 @@ PY
 wait_for flushed_is 3
 cmp -n $((2 << 20)) "$TMP/src.img" "$TMP/exp.img" ||
     fail "the frame sent in small segments differs"
+# The same segments, then the sender closes in the middle of the frame:
+# the full pipe hid the EOF from splice, and the session spun on it.
+check "256 small segments of a frame, then a close" python3 - "$CPORT" <<'PY'
+import socket, struct, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+s.sendall(struct.pack("<QI", 0, 1 << 20))
+for _ in range(256):
+    s.send(b"x" * 100)
+    time.sleep(0.001)
+time.sleep(0.5)
+s.close()
+PY
+wait_for grep -q "the sender closed the connection 25600 bytes into the 1048576" \
+    "$SERVER_LOG"
+t0=$(awk '{print $14 + $15}' "/proc/$SERVER_PID/stat")
+sleep 1
+t1=$(awk '{print $14 + $15}' "/proc/$SERVER_PID/stat")
+[ $((t1 - t0)) -lt $(($(getconf CLK_TCK) / 4)) ] ||
+    fail "the server spins after a sender closed mid-frame ($((t1 - t0)) ticks in 1 s)"
+note "ok: a sender that closed mid-frame: logged, the server idle"
 
 # Never a lone 12-byte header write (Nagle and delayed ACKs would stall
 # it): traced, with --split-writes (the stock sender's shape) as the
