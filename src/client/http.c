@@ -8,7 +8,6 @@
  * after it (an NBD greeting that came in the same segment) is taken from
  * the socket: it is a few hundred bytes once per connection. */
 #include <errno.h>
-#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -31,21 +30,7 @@ static void
 http_refusal_text(struct client_conn *c, char *out, size_t outlen)
 {
   char body[200];
-  size_t have = 0;
-  uint64_t end = loop_now_ms() + 200;
-  out[0] = '\0';
-  while (have < sizeof body) {
-    ssize_t n = c->tp.ops->recv(&c->tp, body + have, sizeof body - have);
-    if (n > 0) {
-      have += (size_t)n;
-      continue;
-    }
-    uint64_t now = loop_now_ms();
-    if (n != -EAGAIN || now >= end)
-      break;
-    struct pollfd p = { .fd = c->fd, .events = POLLIN };
-    (void)poll(&p, 1, (int)(end - now));
-  }
+  size_t have = transport_recv_within(&c->tp, body, sizeof body, 200);
   size_t k = 0;
   for (size_t i = 0; i < have && body[i] != '\n' && body[i] != '\r' &&
                      k + 1 < outlen; i++)
@@ -134,7 +119,7 @@ again:;
     char why[128];
     http_refusal_text(c, why, sizeof why);
     snprintf(c->errmsg, sizeof c->errmsg, "the server refused the PUT: "
-             "'%.160s'%s%s", rsp.status_line, why[0] ? ": " : "", why);
+             "'%.100s'%s%.100s", rsp.status_line, why[0] ? ": " : "", why);
     return rsp.status == 401 || rsp.status == 403 ? -EACCES
            : rsp.status == 404                    ? -ENOENT
                                                   : -EPROTO;

@@ -221,3 +221,24 @@ transport_recv_idle(struct transport *t, void *buf, size_t len,
 {
   return recv_exact(t, buf, len, idle_ms, true, got);
 }
+
+size_t
+transport_recv_within(struct transport *t, void *buf, size_t len,
+                      int timeout_ms)
+{
+  uint64_t end = loop_now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
+  size_t have = 0;
+  while (have < len) {
+    ssize_t n = t->ops->recv(t, (char *)buf + have, len - have);
+    if (n > 0) {
+      have += (size_t)n;
+      continue;
+    }
+    uint64_t now = loop_now_ms();
+    if (n != -EAGAIN || now >= end)
+      break;
+    struct pollfd p = { .fd = t->fd, .events = POLLIN };
+    (void)poll(&p, 1, (int)(end - now));
+  }
+  return have;
+}

@@ -64,6 +64,10 @@ int transport_recv_all(struct transport *t, void *buf, size_t len,
  * *got is what was read, on failure too. */
 int transport_recv_idle(struct transport *t, void *buf, size_t len,
                         int idle_ms, size_t *got);
+/* What comes within timeout_ms, up to len bytes: the count read (less
+ * than len at EOF, on an error, or when the time is up). */
+size_t transport_recv_within(struct transport *t, void *buf, size_t len,
+                             int timeout_ms);
 
 /* Advances iov past n sent bytes; returns the new iovcnt. */
 int transport_iov_advance(struct iovec **iov, int iovcnt, size_t n);

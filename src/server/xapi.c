@@ -470,16 +470,10 @@ xs_final(struct xsess *ss)
   (void)ss->tp.ops->shutdown(&ss->tp);
   uint64_t end = loop_now_ms() + 1000;
   char drop[4096];
-  for (;;) {
-    ssize_t k = ss->tp.ops->recv(&ss->tp, drop, sizeof drop);
-    if (k > 0)
-      continue;
-    uint64_t now = loop_now_ms();
-    if (k != -EAGAIN || now >= end)
+  for (uint64_t now; (now = loop_now_ms()) < end;)
+    if (transport_recv_within(&ss->tp, drop, sizeof drop, (int)(end - now)) <
+        sizeof drop)
       break;
-    struct pollfd pfd = { .fd = ss->fd, .events = POLLIN };
-    (void)poll(&pfd, 1, (int)(end - now));
-  }
 }
 
 static void
