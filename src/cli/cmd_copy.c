@@ -885,8 +885,7 @@ copy_verify(struct copy_args *a, const struct copy_chunks *want,
                               .retry_delay_ms = a->retry_delay_ms,
                               .format = a->dst_format,
                               .format_given = a->dst_format != 0,
-                              .shown = a->dst != a->dst_open ? a->dst
-                                                             : NULL };
+                              .shown = a->dst };
   if (endpoint_open(&s.env, a->dst_open, &eo, &s.src, err, sizeof err) <
       0) {
     log_error("verify: %s", err);
@@ -1225,7 +1224,7 @@ cmd_copy(int argc, char **argv)
     goto out;
   struct endpoint_opts dopt = {
     .write = true, .connections = a.connections, .allocated = a.o.allocated,
-    .shown = a.dst != a.dst_open ? a.dst : NULL,
+    .shown = a.dst,
     .dense = a.o.no_zero_detect,
     .nagle = a.nagle, .split_writes = a.split_writes,
     .timeout_s = a.o.timeout_s,

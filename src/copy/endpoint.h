@@ -249,8 +249,8 @@ int nbd_uri_from_http(const struct ep_http *x, const char *export_name,
 struct endpoint_opts {
   /* EXTENTS is issued one at a time per endpoint. */
   bool write;           /* open as destination */
-  const char *shown;    /* the name for messages, when not the spec (an
-                           http URL's password hidden); borrowed */
+  const char *shown;    /* the name for messages (an http URL with its
+                           secrets hidden), or NULL: the spec; borrowed */
   unsigned connections; /* NBD: 0 = automatic */
   uint64_t create_size; /* file destination: size to give it;
                            UINT64_MAX when the source size is unknown */

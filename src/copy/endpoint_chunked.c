@@ -528,15 +528,7 @@ endpoint_open_http(struct ep_env *env, const char *spec,
   if (r < 0) {
     free(u);
     free(x);
-    /* Its reason quotes the URL: shown as name shows it. */
-    const char *q = name != spec ? strstr(why, spec) : NULL;
-    if (q)
-      snprintf(err, errlen, "%.*s%s%s", (int)(q - why), why, name,
-               q + strlen(spec));
-    else if (name != spec)
-      snprintf(err, errlen, "%s: not a valid http(s) URL", name);
-    else
-      snprintf(err, errlen, "%s", why);
+    snprintf(err, errlen, "%s: %s", name, why);
     return r;
   }
   x->url = u;

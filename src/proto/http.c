@@ -95,18 +95,18 @@ http_url_parse(const char *s, struct http_url *u, char *err, size_t errlen)
   } else if (strncasecmp(s, "http://", 7) == 0) {
     p = s + 7;
   } else {
-    return http_fail(err, errlen, -EINVAL, "'%s': not an http:// or "
-                     "https:// URL", s);
+    return http_fail(err, errlen, -EINVAL, "not an http:// or "
+                     "https:// URL");
   }
   for (const char *q = s; *q; q++)
     if (http_bad_char((unsigned char)*q))
-      return http_fail(err, errlen, -EINVAL, "'%s': a space or control "
-                       "character at position %zu", s, (size_t)(q - s));
+      return http_fail(err, errlen, -EINVAL, "a space or control "
+                       "character at position %zu", (size_t)(q - s));
   size_t alen = strcspn(p, "/?#");
   const char *auth = p, *rest = p + alen;
   if (strchr(p, '#'))
-    return http_fail(err, errlen, -EINVAL, "'%s': a fragment has no "
-                     "place in an upload URL", s);
+    return http_fail(err, errlen, -EINVAL, "a fragment has no "
+                     "place in an upload URL");
   const char *at = memrchr(auth, '@', alen);
   const char *hp = auth;
   if (at) {
@@ -118,8 +118,8 @@ http_url_parse(const char *s, struct http_url *u, char *err, size_t errlen)
                                NULL);
     if (u->user == NULL || (colon && u->password == NULL)) {
       http_url_free(u);
-      return http_fail(err, errlen, -EINVAL, "'%s': bad escape in the "
-                       "user name or password", s);
+      return http_fail(err, errlen, -EINVAL, "bad escape in the "
+                       "user name or password");
     }
     hp = at + 1;
   }
@@ -130,14 +130,14 @@ http_url_parse(const char *s, struct http_url *u, char *err, size_t errlen)
     const char *close = memchr(hp, ']', hplen);
     if (close == NULL) {
       http_url_free(u);
-      return http_fail(err, errlen, -EINVAL, "'%s': '[' without ']'", s);
+      return http_fail(err, errlen, -EINVAL, "'[' without ']'");
     }
     u->host = strndup(hp + 1, (size_t)(close - hp - 1));
     hlen = (size_t)(close - hp - 1);
     if (close + 1 < rest) {
       if (close[1] != ':') {
         http_url_free(u);
-        return http_fail(err, errlen, -EINVAL, "'%s': junk after ']'", s);
+        return http_fail(err, errlen, -EINVAL, "junk after ']'");
       }
       port = close + 2;
     }
@@ -150,7 +150,7 @@ http_url_parse(const char *s, struct http_url *u, char *err, size_t errlen)
   }
   if (u->host == NULL || hlen == 0) {
     http_url_free(u);
-    return http_fail(err, errlen, -EINVAL, "'%s': no host", s);
+    return http_fail(err, errlen, -EINVAL, "no host");
   }
   if (port && port < rest) {
     size_t plen = (size_t)(rest - port);
@@ -159,12 +159,12 @@ http_url_parse(const char *s, struct http_url *u, char *err, size_t errlen)
       if (!isdigit((unsigned char)port[i]) || (v = v * 10 + (unsigned long)
                                                (port[i] - '0')) > 65535) {
         http_url_free(u);
-        return http_fail(err, errlen, -EINVAL, "'%s': bad port", s);
+        return http_fail(err, errlen, -EINVAL, "bad port");
       }
     }
     if (v == 0) {
       http_url_free(u);
-      return http_fail(err, errlen, -EINVAL, "'%s': bad port", s);
+      return http_fail(err, errlen, -EINVAL, "bad port");
     }
     u->port = strndup(port, plen);
   } else {
@@ -184,8 +184,8 @@ http_url_parse(const char *s, struct http_url *u, char *err, size_t errlen)
   }
   if (strlen(u->target) >= HTTP_MAX_TARGET) {
     http_url_free(u);
-    return http_fail(err, errlen, -EINVAL, "'%.40s...': the path and query "
-                     "are longer than %u bytes", s, HTTP_MAX_TARGET - 1);
+    return http_fail(err, errlen, -EINVAL, "the path and query are "
+                     "longer than %u bytes", HTTP_MAX_TARGET - 1);
   }
   return 0;
 }

@@ -28,7 +28,8 @@ struct http_url {
 };
 
 /* Parses an http:// or https:// URL. 0, or -EINVAL with the reason in
- * err; on success free with http_url_free. */
+ * err (which does not quote the URL: the caller shows it as it may,
+ * without its password); on success free with http_url_free. */
 int http_url_parse(const char *s, struct http_url *u, char *err,
                    size_t errlen);
 void http_url_free(struct http_url *u);
