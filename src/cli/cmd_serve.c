@@ -45,6 +45,9 @@ serve_usage(FILE *f)
 "                             their data is held to %u MiB per connection\n"
 "      --handshake-timeout S  drop clients that have not finished the\n"
 "                             handshake within S seconds (default 10, 0: off)\n"
+"      --body-timeout S       end an --http or --chunked-listen upload whose\n"
+"                             body sends nothing for S seconds (default 120,\n"
+"                             0: off)\n"
 "      --threads N            worker threads for export I/O (default 8)\n"
 "      --loops N              event-loop threads that read and answer\n"
 "                             clients (default: one per CPU, at most %d)\n"
@@ -164,8 +167,9 @@ serve_tls_check(const struct server_config *cfg)
 int
 cmd_serve(int argc, char **argv)
 {
-  enum { OPT_MAXCONN = 256, OPT_INFLIGHT, OPT_HSTIMEOUT, OPT_THREADS,
-         OPT_LOOPS, OPT_STATS, OPT_TLS, OPT_TLS_CERTS, OPT_TLS_PSK, OPT_TLS_VERIFY,
+  enum { OPT_MAXCONN = 256, OPT_INFLIGHT, OPT_HSTIMEOUT, OPT_BODY_TIMEOUT,
+         OPT_THREADS, OPT_LOOPS, OPT_STATS, OPT_TLS, OPT_TLS_CERTS,
+         OPT_TLS_PSK, OPT_TLS_VERIFY,
          OPT_IGNORE_CHECKSUMS, OPT_HTTP, OPT_CHUNKED_LISTEN, OPT_ZERO_COPY };
   static const struct option opts[] = {
     { "listen", required_argument, NULL, 'l' },
@@ -177,6 +181,7 @@ cmd_serve(int argc, char **argv)
     { "max-connections", required_argument, NULL, OPT_MAXCONN },
     { "max-inflight", required_argument, NULL, OPT_INFLIGHT },
     { "handshake-timeout", required_argument, NULL, OPT_HSTIMEOUT },
+    { "body-timeout", required_argument, NULL, OPT_BODY_TIMEOUT },
     { "threads", required_argument, NULL, OPT_THREADS },
     { "loops", required_argument, NULL, OPT_LOOPS },
     { "description", required_argument, NULL, 'D' },
@@ -195,6 +200,7 @@ cmd_serve(int argc, char **argv)
   struct server_config cfg = {
     .max_inflight = SERVER_DEFAULT_INFLIGHT,
     .handshake_timeout = 10,
+    .body_timeout = 120,
     .threads = 8,
   };
   int c, r = 0;
@@ -230,6 +236,9 @@ cmd_serve(int argc, char **argv)
     case OPT_HSTIMEOUT:
       r = serve_int("--handshake-timeout", optarg, 0, 86400,
                     &cfg.handshake_timeout);
+      break;
+    case OPT_BODY_TIMEOUT:
+      r = serve_int("--body-timeout", optarg, 0, 86400, &cfg.body_timeout);
       break;
     case OPT_THREADS:
       r = serve_int("--threads", optarg, 1, 256, &cfg.threads);

@@ -109,6 +109,7 @@ struct server_config {
   int max_connections;  /* 0: unlimited */
   int max_inflight;     /* per connection */
   int handshake_timeout; /* seconds */
+  int body_timeout;     /* seconds an xapi body may send nothing; 0: no limit */
   int threads;
   int loops;            /* event-loop threads; 0: one per CPU */
   const char *pidfile;

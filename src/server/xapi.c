@@ -79,6 +79,14 @@ struct xapi {
 
 /* ---- reading and answering ---- */
 
+/* How long a body may send nothing (--body-timeout): ms, -1 for ever. */
+static int
+xs_idle_ms(const struct xsess *ss)
+{
+  int t = ss->x->s->cfg.body_timeout;
+  return t > 0 ? t * 1000 : -1;
+}
+
 static int
 xs_left(uint64_t deadline)
 {
@@ -188,7 +196,7 @@ xs_splice_pipe(struct xsess *ss, int fd, size_t n)
       if (moved > 0 && (ready || sock_readable_bytes(ss->fd) > 0))
         break;
       struct pollfd pfd = { .fd = ss->fd, .events = POLLIN };
-      int pr = poll(&pfd, 1, XAPI_IDLE_MS);
+      int pr = poll(&pfd, 1, xs_idle_ms(ss));
       if (pr == 0)
         return -ETIMEDOUT;
       if (pr < 0 && errno != EINTR)
@@ -277,7 +285,7 @@ xs_short_body(char *why, size_t whylen, int r, uint64_t done, uint64_t len,
 {
   snprintf(why, whylen, "%s %llu bytes into the %llu at offset %llu",
            r == -ECONNRESET ? "the sender closed the connection"
-           : r == -ETIMEDOUT ? "nothing came for the idle timeout"
+           : r == -ETIMEDOUT ? "nothing came for --body-timeout"
                              : strerror(-r),
            (unsigned long long)done, (unsigned long long)len,
            (unsigned long long)off);
@@ -301,11 +309,14 @@ xs_body_into(struct xsess *ss, struct export *e, uint8_t *buf, size_t cap,
       ssize_t got = xs_splice_pipe(ss, xp->fd[1], n);
       if (got < 0) {
         /* What reached the pipe is dropped with it: nothing of a frame
-         * that did not arrive whole is written from this piece on. */
+         * that did not arrive whole is written from this piece on. It
+         * did arrive, and the message counts it. */
         char drain[4096];
-        while (read(xp->fd[0], drain, sizeof drain) > 0)
-          ;
-        xs_short_body(why, whylen, (int)got, done, len, off);
+        ssize_t k;
+        uint64_t arrived = done;
+        while ((k = read(xp->fd[0], drain, sizeof drain)) > 0)
+          arrived += (uint64_t)k;
+        xs_short_body(why, whylen, (int)got, arrived, len, off);
         return (int)got;
       }
       n = (size_t)got;
@@ -325,7 +336,7 @@ xs_body_into(struct xsess *ss, struct export *e, uint8_t *buf, size_t cap,
     size_t n = len - done < cap ? (size_t)(len - done) : cap, got;
     /* Only silence ends it: a slow sender that keeps sending is read
      * for as long as it takes. */
-    int r = transport_recv_idle(&ss->tp, buf, n, XAPI_IDLE_MS, &got);
+    int r = transport_recv_idle(&ss->tp, buf, n, xs_idle_ms(ss), &got);
     if (r < 0) {
       xs_short_body(why, whylen, r, done + got, len, off);
       return r;
@@ -378,7 +389,7 @@ xs_chunked(struct xsess *ss, struct export *e)
   for (;;) {
     uint8_t hdr[CHUNKED_HEADER_LEN];
     size_t got;
-    r = transport_recv_idle(&ss->tp, hdr, sizeof hdr, XAPI_IDLE_MS, &got);
+    r = transport_recv_idle(&ss->tp, hdr, sizeof hdr, xs_idle_ms(ss), &got);
     if (r == -ECONNRESET) {
       char part[64] = "";
       if (got > 0)
@@ -393,7 +404,7 @@ xs_chunked(struct xsess *ss, struct export *e)
     if (r < 0) {
       log_warn("%s: chunked into \"%s\": reading frame %llu's header: %s",
                ss->peer, e->name, (unsigned long long)frames,
-               r == -ETIMEDOUT ? "nothing came for the idle timeout"
+               r == -ETIMEDOUT ? "nothing came for --body-timeout"
                                : strerror(-r));
       break;
     }

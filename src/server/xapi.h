@@ -9,12 +9,11 @@
  * Chunked stream per connection into the default export.
  *
  * Each session runs on a thread of its own (they are few and long), reads
- * with the handshake timeout for the head and XAPI_IDLE_MS for the body,
+ * with the handshake timeout for the head and the body timeout for the body
+ * (silence, not the total),
  * and counts against --max-connections. */
 #ifndef NBDFLOW_SERVER_XAPI_H
 #define NBDFLOW_SERVER_XAPI_H
-
-#define XAPI_IDLE_MS 120000 /* a body that sends nothing for this long */
 
 struct server;
 struct loop;

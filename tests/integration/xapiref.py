@@ -20,11 +20,13 @@ Modes:
                                    Transfer-encoding: nbd and relay bytes
                                    to that NBD server)
   send-chunked HOST PORT IN [--put PATH] [--skip-zero] [--bad KIND]
-                                   send IN as frames of at most 2 MiB;
+               [--slow]            send IN as frames of at most 2 MiB;
                                    --put: the HTTP request first (the
                                    answer must be 2xx without nbd); KIND:
                                    beyond, huge, trunc-header, no-end,
-                                   trunc-data
+                                   trunc-data, stall (1000 bytes of a
+                                   frame, then 8 s of silence); --slow:
+                                   16 KiB every 50 ms
   send-raw HOST PORT WHAT          send a bad HTTP head: garbage, big-head,
                                    te, raw-body:FILE, and print the answer
   decode IN OUT                    turn a frame stream file into OUT
@@ -37,6 +39,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 
 FRAME_MAX = 2 << 20
 HDR = struct.Struct("<QI")
@@ -186,7 +189,14 @@ def cmd_http_recv(port, out, ready, mode="ok"):
     print("ok %d frames %d bytes" % (frames, total))
 
 
-def cmd_send_chunked(host, port, path, put=None, skip_zero=False, bad=None):
+def send_slowly(s, data):
+    for i in range(0, len(data), 16384):
+        s.sendall(data[i:i + 16384])
+        time.sleep(0.05)
+
+
+def cmd_send_chunked(host, port, path, put=None, skip_zero=False, bad=None,
+                     slow=False):
     s = socket.create_connection((host, int(port)))
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     if put:
@@ -213,17 +223,26 @@ def cmd_send_chunked(host, port, path, put=None, skip_zero=False, bad=None):
         s.sendall(HDR.pack(0, 512)[:6])
     elif bad == "trunc-data":
         s.sendall(HDR.pack(0, 4096) + b"\1" * 1000)
+    elif bad == "stall":
+        s.sendall(HDR.pack(0, 4096) + b"\1" * 1000)
+        time.sleep(8)
     with open(path, "rb") as f:
         off = 0
         while bad in (None, "no-end") and off < size:
             data = f.read(FRAME_MAX)
             if not (skip_zero and data.count(0) == len(data)):
-                s.sendall(HDR.pack(off, len(data)) + data)
+                if slow:
+                    send_slowly(s, HDR.pack(off, len(data)) + data)
+                else:
+                    s.sendall(HDR.pack(off, len(data)) + data)
             off += len(data)
     if bad is None:
         s.sendall(HDR.pack(0, 0))
-    s.shutdown(socket.SHUT_WR)
-    rest = s.recv(4096)
+    try:
+        s.shutdown(socket.SHUT_WR)
+        rest = s.recv(4096)
+    except OSError as e:  # the receiver gave up first (stall)
+        rest = str(e).encode()
     s.close()
     if rest:
         print("after the stream: %r" % rest)
@@ -307,7 +326,8 @@ def main(a):
     elif a[0] == "send-chunked":
         put = a[a.index("--put") + 1] if "--put" in a else None
         bad = a[a.index("--bad") + 1] if "--bad" in a else None
-        cmd_send_chunked(a[1], a[2], a[3], put, "--skip-zero" in a, bad)
+        cmd_send_chunked(a[1], a[2], a[3], put, "--skip-zero" in a, bad,
+                         "--slow" in a)
     elif a[0] == "send-raw":
         cmd_send_raw(*a[1:4])
     elif a[0] == "decode":
