@@ -6,8 +6,9 @@
 # header, unknown paths and exports: each gets one clear log line (and an
 # HTTP status where the head allowed one), nothing outside the frames is
 # written, and the server goes on serving. From our sender: a 404, a 500,
-# an early close and an answer whose head never ends: a clear error and a
-# non-zero exit, in bounded time. Out of fds, the Chunked listener rests
+# an early close, an answer whose head never ends and a raw Chunked
+# receiver that resets: a clear error and a non-zero exit, in bounded
+# time. Out of fds, the Chunked listener rests
 # and logs it once.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -32,7 +33,7 @@ python3 "$REF" send-chunked 127.0.0.1 "$CPORT" "$TMP/src.img" --bad trunc-header
 expect_log "ended without its end marker after 0 frames"
 still_zero
 python3 "$REF" send-chunked 127.0.0.1 "$CPORT" "$TMP/src.img" --bad trunc-data || true
-expect_log "frame 0: the sender closed the connection 0 bytes into the 4096 at offset 0"
+expect_log "frame 0: the sender closed the connection 1000 bytes into the 4096 at offset 0"
 still_zero
 python3 "$REF" send-chunked 127.0.0.1 "$CPORT" "$TMP/src.img" --bad no-end || true
 expect_log "without its end marker after 2 frames (4194304 bytes): incomplete, not flushed"
@@ -116,5 +117,23 @@ check "copy once the fds are free" \
     "$NBDFLOW" copy "$TMP/src.img" "chunked+tcp://127.0.0.1:$CPORT"
 wait_for grep -q 'chunked into "disk": 4194304 bytes.*flushed' "$SERVER_LOG"
 same "$TMP/src.img" "$TMP/exp.img"
+serve_stop
+
+# A receiver that stops at a bad frame resets the connection, and that
+# is all a raw Chunked sender hears: our copy into an export 3 MiB too
+# small must fail, never report success.
+truncate -s 1M "$TMP/small.img"
+CPORT=$(free_port)
+serve_tcp --chunked-listen "127.0.0.1:$CPORT" "disk=$TMP/small.img"
+rc=0
+timeout 60 "$NBDFLOW" copy "$TMP/src.img" "chunked+tcp://127.0.0.1:$CPORT" \
+    >"$TMP/out" 2>"$TMP/err" || rc=$?
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] ||
+    fail "copy into a receiver that reset it: exit $rc: $(cat "$TMP/err")"
+[ "$(grep -c 'error' "$TMP/err")" -eq 1 ] ||
+    fail "copy into a receiver that reset it: $(cat "$TMP/err")"
+[ ! -s "$TMP/out" ] || fail "a report was printed for a failed copy"
+expect_log "beyond the export's end"
+note "ok: reset by the receiver: $(cat "$TMP/err")"
 serve_stop
 note "ok: bad input on xapi's transports"
