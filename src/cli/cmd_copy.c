@@ -338,6 +338,34 @@ copy_per_connection(struct copy_args *a, const struct endpoint *src,
   }
 }
 
+/* DESTINATION is a chunked+tcp:// or chunked+unix:// URI. */
+static bool
+copy_dst_chunked_uri(const struct copy_args *a)
+{
+  return strncmp(a->dst, "chunked+tcp://", 14) == 0 ||
+         strncmp(a->dst, "chunked+unix://", 15) == 0;
+}
+
+/* DESTINATION takes Chunked frames, as far as the command line says (an
+ * http(s) one may still ask for them in its answer). */
+static bool
+copy_dst_chunked(const struct copy_args *a)
+{
+  return copy_dst_chunked_uri(a) || a->dst_protocol == EP_PROTO_CHUNKED;
+}
+
+/* Frames have no reply and no read-back, and the end marker is the
+ * final flush: --verify and --no-flush make no sense for them. */
+static void
+copy_chunked_refusal(const struct copy_args *a)
+{
+  log_error("%s: %s", a->dst, a->verify
+                ? "a Chunked stream cannot be read back to verify: check "
+                  "the receiver's copy (nbdflow sum)"
+                : "--no-flush would leave the Chunked stream without its "
+                  "end marker");
+}
+
 static int
 copy_parse(int argc, char **argv, struct copy_args *a)
 {
@@ -625,8 +653,7 @@ copy_parse(int argc, char **argv, struct copy_args *a)
   a->src = argv[optind];
   a->dst = argv[optind + 1];
   bool dst_http = http_url_is_http(a->dst);
-  bool dst_chunked = strncmp(a->dst, "chunked+tcp://", 14) == 0 ||
-                     strncmp(a->dst, "chunked+unix://", 15) == 0;
+  bool dst_chunked = copy_dst_chunked_uri(a);
   bool dst_nbd = !dst_http && !dst_chunked && uri_is_uri(a->dst);
   if (a->nbd_export && !dst_http && !dst_nbd) {
     log_error("--nbd-export names the export of an http(s) or NBD "
@@ -658,6 +685,12 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     log_error("--dst-protocol chunked: Chunked frames go to a file, '-', "
               "chunked+tcp://, chunked+unix:// or an http(s) URL, not to "
               "NBD URI '%s'", a->dst);
+    return 2;
+  }
+  if (copy_dst_chunked(a) && (a->verify || a->o.no_flush)) {
+    /* Before DST is opened: a file would be truncated, a receiver left
+     * with a stream that ends without its marker. */
+    copy_chunked_refusal(a);
     return 2;
   }
   if (a->o.allocated && a->o.dst_is_zero) {
@@ -953,6 +986,33 @@ copy_dst_is_new_image(const struct copy_args *a)
           (t.kind == TARGET_FILE && !endpoint_image_exists(t.arg, f)));
 }
 
+/* DST cannot already hold a --base: a new image, a raw file that does
+ * not exist or is empty, raw bytes to '-' (written in order, so every
+ * skipped block would read as zeroes), or a fresh memory: disk. Chunked
+ * frames are not: the receiver applies them to what it holds. */
+static bool
+copy_dst_holds_nothing(const struct copy_args *a)
+{
+  if (copy_dst_chunked(a))
+    return false;
+  if (copy_dst_is_new_image(a))
+    return true;
+  struct target t;
+  struct stat st;
+  target_parse(a->dst, false, &t);
+  switch (t.kind) {
+  case TARGET_PIPE:
+  case TARGET_MEMORY:
+    return true;
+  case TARGET_FILE:
+    if (stat(t.arg, &st) < 0)
+      return errno == ENOENT;
+    return S_ISREG(st.st_mode) && st.st_size == 0;
+  default:
+    return false;
+  }
+}
+
 /* The block size of the destination's allocation map: 0 when it needs
  * none. */
 static uint32_t
@@ -1034,6 +1094,36 @@ copy_checkpoint_commit(void *arg, uint64_t below, char *err, size_t errlen)
   return journal_commit(arg, below, err, errlen);
 }
 
+static void
+copy_checkpoint_stream(const struct copy_args *a)
+{
+  log_error("--checkpoint: %s is written as a stream, which cannot be "
+            "continued where it stopped", a->dst);
+}
+
+/* --checkpoint's refusals that need no open DESTINATION, made before it
+ * is opened (a file is then truncated or created): a stream, a journal
+ * that names another copy or does not parse, one that cannot be
+ * created. Returns 0, or -1 after the error. */
+static int
+copy_checkpoint_precheck(const struct copy_args *a,
+                         const struct copy_session *s, uint32_t alloc_block)
+{
+  char err[512];
+  struct journal_side src;
+  if (alloc_block || !s->src->size_known || copy_dst_chunked(a)) {
+    copy_checkpoint_stream(a);
+    return -1;
+  }
+  if (journal_side_init(&src, a->src, true, s->src->size, err,
+                        sizeof err) < 0 ||
+      journal_precheck(a->checkpoint, &src, a->dst, err, sizeof err) < 0) {
+    log_error("%s", err);
+    return -1;
+  }
+  return 0;
+}
+
 static int
 copy_checkpoint_open(struct copy_args *a, struct copy_session *s,
                      uint32_t alloc_block, struct journal **out)
@@ -1044,8 +1134,7 @@ copy_checkpoint_open(struct copy_args *a, struct copy_session *s,
   if (alloc_block || !s->src->size_known ||
       strcmp(s->dst->ops->kind, "chunked") == 0 ||
       strcmp(s->dst->ops->kind, "pipe") == 0) {
-    log_error("--checkpoint: %s is written as a stream, which cannot be "
-              "continued where it stopped", a->dst);
+    copy_checkpoint_stream(a);
     return -1;
   }
   if (journal_side_init(&src, a->src, true, s->src->size, err,
@@ -1187,11 +1276,14 @@ cmd_copy(int argc, char **argv)
      * whole (a changed block of zeroes is written too), the rest skipped
      * as a destination that already reads right. */
     struct endpoint *delta;
-    if (copy_dst_is_new_image(&a)) {
-      /* Only the blocks that differ would be written: a new image holds
-       * no BASE under them. Said before DST is opened (and truncated). */
-      log_error("--base %s: DESTINATION %s is a new image written from "
-                "scratch, so it cannot already hold BASE", a.base, a.dst);
+    if (copy_dst_holds_nothing(&a)) {
+      /* Only the blocks that differ would be written: nothing holds BASE
+       * under them. Said before DST is opened (and created). */
+      log_error("--base %s: DESTINATION %s %s, so it cannot already hold "
+                "BASE", a.base, a.dst,
+                copy_dst_is_new_image(&a) ? "is a new image written from "
+                                            "scratch"
+                                          : "is new, empty or a stream");
       goto out;
     }
     if (endpoint_open(&s.env, a.base, &so, &s.base, err, sizeof err) < 0) {
@@ -1241,6 +1333,8 @@ cmd_copy(int argc, char **argv)
     .no_tls_verify = a.no_tls_verify,
     .tls_priority = a.tls_priority,
   };
+  if (a.checkpoint && copy_checkpoint_precheck(&a, &s, alloc_block) < 0)
+    goto out;
   if (endpoint_open(&s.env, a.dst_open, &dopt, &s.dst, err, sizeof err) <
       0) {
     log_error("%s", err);
@@ -1255,13 +1349,9 @@ cmd_copy(int argc, char **argv)
   }
   if (strcmp(s.dst->ops->kind, "chunked") == 0 &&
       (a.verify || a.o.no_flush)) {
-    /* Frames have no reply and no read-back; the end marker is the
-     * final flush. */
-    log_error("%s: %s", a.dst, a.verify
-                  ? "a Chunked stream cannot be read back to verify: check "
-                    "the receiver's copy (nbdflow sum)"
-                  : "--no-flush would leave the Chunked stream without its "
-                    "end marker");
+    /* An http(s) DESTINATION whose answer asked for a Chunked body:
+     * known only now. */
+    copy_chunked_refusal(&a);
     rc = 2;
     goto out;
   }

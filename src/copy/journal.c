@@ -328,15 +328,17 @@ fail:
   return r;
 }
 
-/* Checks a journal found at j->path against the present pair. */
+/* Checks a journal found at path against the present pair: 0, or
+ * -ESTALE with what differs in err. */
 static int
-journal_check(struct journal *j, const struct journal_rec *old, uint64_t *done,
+journal_check(const char *path, const struct journal_side *src,
+              const struct journal_side *dst, const struct journal_rec *old,
               char *err, size_t errlen)
 {
-  const char *why = journal_side_diff(&old->src, &j->rec.src);
+  const char *why = journal_side_diff(&old->src, src);
   const char *which = "source";
   if (why == NULL) {
-    why = journal_side_diff(&old->dst, &j->rec.dst);
+    why = journal_side_diff(&old->dst, dst);
     which = "destination";
   }
   if (why) {
@@ -345,12 +347,84 @@ journal_check(struct journal *j, const struct journal_rec *old, uint64_t *done,
              "--checkpoint %s records a copy with %s as "
              "%s (%" PRIu64 " bytes); this one has %s: refusing to "
              "continue it (remove the file to start again)",
-             j->path, was->spec, which, was->size, why);
+             path, was->spec, which, was->size, why);
     return -ESTALE;
   }
-  *done = old->done;
-  j->rec.done = old->done;
   return 0;
+}
+
+/* Reads and decodes the journal at path into *old: 0, -ENOENT (no
+ * journal), or -errno with a sentence in err. */
+static int
+journal_load(const char *path, struct journal_rec *old, char *err,
+             size_t errlen)
+{
+  char *text = malloc(JOURNAL_TEXT_MAX);
+  size_t len = 0;
+  if (text == NULL) {
+    snprintf(err, errlen, "--checkpoint: out of memory");
+    return -ENOMEM;
+  }
+  int r = journal_read(path, text, JOURNAL_TEXT_MAX, &len);
+  if (r < 0 && r != -ENOENT) {
+    snprintf(err, errlen, "--checkpoint %s: %s", path,
+             r == -EFBIG ? "too large for a checkpoint journal" : strerror(-r));
+  } else if (r == 0) {
+    char why[200];
+    r = journal_decode(text, len, old, why, sizeof why);
+    if (r < 0)
+      snprintf(err, errlen, "--checkpoint %s: %s", path, why);
+  }
+  free(text);
+  return r;
+}
+
+/* path's directory, in a new string (NULL: no memory). */
+static char *
+journal_dir(const char *path)
+{
+  char *dir = strdup(path);
+  if (dir == NULL)
+    return NULL;
+  char *slash = strrchr(dir, '/');
+  if (slash == NULL)
+    strcpy(dir, ".");
+  else if (slash == dir)
+    slash[1] = '\0';
+  else
+    *slash = '\0';
+  return dir;
+}
+
+int
+journal_precheck(const char *path, const struct journal_side *src,
+                 const char *dst_spec, char *err, size_t errlen)
+{
+  struct journal_rec old;
+  int r = journal_load(path, &old, err, errlen);
+  if (r == -ENOENT) {
+    /* A new journal: its directory must take the file. */
+    char *dir = journal_dir(path);
+    if (dir == NULL) {
+      snprintf(err, errlen, "--checkpoint: out of memory");
+      return -ENOMEM;
+    }
+    r = access(dir, W_OK | X_OK) < 0 ? -errno : 0;
+    if (r < 0)
+      snprintf(err, errlen, "--checkpoint %s: cannot create it in %s: %s",
+               path, dir, strerror(-r));
+    free(dir);
+    return r;
+  }
+  if (r < 0)
+    return r;
+  /* The destination as it is now, with the size it had: opening it
+   * comes later, and checks the size then. */
+  struct journal_side dst;
+  r = journal_side_init(&dst, dst_spec, false, old.dst.size, err, errlen);
+  if (r == 0)
+    r = journal_check(path, src, &dst, &old, err, errlen);
+  return r;
 }
 
 int
@@ -359,45 +433,29 @@ journal_open(const char *path, const struct journal_side *src,
              uint64_t *done, char *err, size_t errlen)
 {
   struct journal *j = calloc(1, sizeof *j);
-  char *text = malloc(JOURNAL_TEXT_MAX);
-  int r = -ENOMEM;
+  int r;
   *done = 0;
-  if (j == NULL || text == NULL)
+  if (j == NULL)
     goto nomem;
   size_t plen = strlen(path);
   j->path = strdup(path);
   j->tmp_path = malloc(plen + 5);
-  j->dir = strdup(path);
+  j->dir = journal_dir(path);
   if (j->path == NULL || j->tmp_path == NULL || j->dir == NULL)
     goto nomem;
   memcpy(j->tmp_path, path, plen);
   memcpy(j->tmp_path + plen, ".new", 5);
-  char *slash = strrchr(j->dir, '/');
-  if (slash == NULL)
-    strcpy(j->dir, ".");
-  else if (slash == j->dir)
-    slash[1] = '\0';
-  else
-    *slash = '\0';
   j->rec.src = *src;
   j->rec.dst = *dst;
-  size_t len = 0;
-  r = journal_read(path, text, JOURNAL_TEXT_MAX, &len);
+  struct journal_rec old;
+  r = journal_load(path, &old, err, errlen);
   if (r == -ENOENT) {
     r = journal_commit(j, 0, err, errlen); /* can it be written at all? */
-  } else if (r < 0) {
-    snprintf(err, errlen, "--checkpoint %s: %s", path,
-             r == -EFBIG ? "too large for a checkpoint journal" : strerror(-r));
-  } else {
-    struct journal_rec old;
-    char why[200];
-    r = journal_decode(text, len, &old, why, sizeof why);
-    if (r < 0)
-      snprintf(err, errlen, "--checkpoint %s: %s", path, why);
-    else
-      r = journal_check(j, &old, done, err, errlen);
+  } else if (r == 0) {
+    r = journal_check(path, src, dst, &old, err, errlen);
+    if (r == 0)
+      *done = j->rec.done = old.done;
   }
-  free(text);
   if (r < 0) {
     journal_free(j);
     return r;
@@ -405,7 +463,6 @@ journal_open(const char *path, const struct journal_side *src,
   *out = j;
   return 0;
 nomem:
-  free(text);
   journal_free(j);
   snprintf(err, errlen, "--checkpoint: out of memory");
   return -ENOMEM;

@@ -59,6 +59,15 @@ int journal_decode(const char *text, size_t len, struct journal_rec *rec,
 int journal_side_init(struct journal_side *side, const char *spec, bool src,
                       uint64_t size, char *err, size_t errlen);
 
+/* Before the destination is opened (which may truncate or create it),
+ * so that a journal that would be refused leaves it untouched: when path
+ * holds a journal, it must parse and name src and dst_spec, with the
+ * destination's identity as it is now (journal_open checks its size);
+ * when path does not exist, its directory must be writable. Returns 0,
+ * or -errno with a sentence in err. */
+int journal_precheck(const char *path, const struct journal_side *src,
+                     const char *dst_spec, char *err, size_t errlen);
+
 struct journal;
 
 /* Opens the journal at path for a copy from src to dst. When the file

@@ -4,7 +4,8 @@
 # malformed NBD URI (a usage error too) that names the URI (a copy has
 # two), a mistyped URI (never taken for a file name), a directory where an
 # image was expected, a missing or extra name, a JSON report that would
-# follow the image on stdout, output to a full disk.
+# follow the image on stdout, output to a full disk, Chunked frames with
+# --verify or --no-flush (the destination untouched).
 . "$(dirname "$0")/lib.sh"
 tmpdir_make
 make_random "$TMP/src.img" 1
@@ -94,6 +95,18 @@ rm -f "$TMP/alias.img"
     2>"$TMP/err" || fail "copy with nbdcopy's option names: $(cat "$TMP/err")"
 cmp "$TMP/src.img" "$TMP/alias.img" || fail "copy with -C -p: differs"
 grep -q "^copy: 100.0%" "$TMP/err" || fail "-p printed no progress"
+
+# --verify and --no-flush with Chunked frames are refused before the
+# destination is opened: an existing file keeps its bytes, and a raw
+# Chunked receiver is never connected to.
+cp "$TMP/src.img" "$TMP/keep.img"
+refused 2 "a Chunked stream cannot be read back to verify" \
+    copy --dst-protocol chunked --verify "$TMP/alias.img" "$TMP/keep.img"
+refused 2 "--no-flush would leave the Chunked stream without its end marker" \
+    copy --dst-protocol chunked --no-flush "$TMP/alias.img" "$TMP/keep.img"
+cmp "$TMP/src.img" "$TMP/keep.img" || fail "a refused Chunked copy changed DST"
+refused 2 "--no-flush would leave the Chunked stream without its end marker" \
+    copy --no-flush "$TMP/src.img" "chunked+unix://$TMP/none.sock"
 
 # Output that cannot be written (a full disk) fails, with one line.
 for args in "--version" "copy --help" "sum $TMP/src.img" \

@@ -6,7 +6,8 @@
 #   much was skipped), and --verify proves the whole destination;
 # - the same with a slow NBD source and a local file as destination;
 # - a journal that names a source modified since, another destination or
-#   a destination of another size, or that is damaged, is refused;
+#   a destination of another size, or that is damaged, is refused, and a
+#   refusal leaves a local destination untouched;
 # - a finished journal: running again copies nothing.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -97,6 +98,8 @@ resume_ok "a finished journal" "$TMP/j1" "$TMP/src.img" "$duri"
 cp "$TMP/j1" "$TMP/j2"
 refused "another destination" "records a copy with .* as destination.*another name" \
     --checkpoint "$TMP/j2" "$TMP/src.img" "$TMP/elsewhere.img"
+[ ! -e "$TMP/elsewhere.img" ] ||
+    fail "a refused journal still created the destination file"
 sed -i 's/^done .*/done 4194304/' "$TMP/j2"
 refused "a damaged journal" "damaged (checksum" \
     --checkpoint "$TMP/j2" "$TMP/src.img" "$duri"
@@ -121,6 +124,18 @@ kit "$ssock" --filter=delay file "$TMP/src.img" rdelay=100ms
 suri=$(uri "$ssock")
 run_and_kill "$TMP/j4" "$suri" "$TMP/local.img"
 resume_ok "into a local file" "$TMP/j4" "$suri" "$TMP/local.img"
+same "$TMP/src.img" "$TMP/local.img"
+
+# 5. A refusal leaves a local destination as it was: the journal is
+# checked before the file is opened, which cuts it to the source's size.
+make_random "$TMP/small.img" 8
+refused "another source, local destination" "records a copy with .* as source.*another name" \
+    --checkpoint "$TMP/j4" "$TMP/small.img" "$TMP/local.img"
+echo "junk" >"$TMP/j6"
+refused "not a journal, local destination" "not a checkpoint journal" \
+    --checkpoint "$TMP/j6" "$TMP/small.img" "$TMP/local.img"
+refused "a journal that cannot be created" "cannot create it in" \
+    --checkpoint "$TMP/nodir/j" "$TMP/small.img" "$TMP/local.img"
 same "$TMP/src.img" "$TMP/local.img"
 
 # Usage errors.

@@ -65,6 +65,26 @@ rc=0
 [ "$rc" = 1 ] && grep -q "cannot already hold BASE" "$TMP/err" &&
     [ ! -e "$TMP/nb.vhd" ] ||
     fail "--base into a new image: status $rc: $(cat "$TMP/err")"
+# The same for a raw DST that holds nothing (a file that does not exist,
+# an empty one, '-'): the unchanged blocks would read as zeroes. One that
+# holds BASE gets only the change.
+cp "$TMP/src.raw" "$TMP/mod.raw"
+printf 'XXXX' | dd of="$TMP/mod.raw" bs=1 seek=3000000 conv=notrunc status=none
+: >"$TMP/empty.raw"
+for dst in "$TMP/nb.raw" "$TMP/empty.raw" -; do
+    rc=0
+    "$NBDFLOW" copy --base "$TMP/src.raw" "$TMP/mod.raw" "$dst" \
+        >"$TMP/out" 2>"$TMP/err" || rc=$?
+    [ "$rc" = 1 ] && grep -q "cannot already hold BASE" "$TMP/err" &&
+        [ ! -s "$TMP/out" ] ||
+        fail "--base into raw $dst: status $rc: $(cat "$TMP/err")"
+done
+[ ! -e "$TMP/nb.raw" ] && [ ! -s "$TMP/empty.raw" ] ||
+    fail "a refused --base still wrote its destination"
+cp "$TMP/src.raw" "$TMP/holds.raw"
+check "--base into a raw file that holds BASE" \
+    "$NBDFLOW" copy --base "$TMP/src.raw" "$TMP/mod.raw" "$TMP/holds.raw"
+same "$TMP/mod.raw" "$TMP/holds.raw"
 note "ok: --destination-is-zero and --base with a new image"
 
 # "vhd:-" is stdout, as "-" is, not a file called "-".
