@@ -125,14 +125,16 @@ sparse_dd_relay(void *arg)
 /* The copy's DST for -dest d, or NULL after a message in why:
  * - file:///PATH (or file://localhost/PATH), percent-decoded, is PATH as
  *   it is: always absolute, so never one of copy's prefixes ("-",
- *   "null:", "vhd:"...);
+ *   "null:", "vhd:"...); any other "file:..." is refused;
  * - http(s), in any case, follows -encryption-mode;
  * - anything else is copy's DST as written. */
 static char *
 sparse_dd_dest(const char *d, const char *mode, char *why, size_t whylen)
 {
-  if (strncasecmp(d, "file://", 7) == 0) {
-    const char *p = d + 7;
+  if (strncasecmp(d, "file:", 5) == 0) {
+    /* "file:x" (no "//") is no file URL we take; "./file:x" names such
+     * a file. */
+    const char *p = strncmp(d + 5, "//", 2) == 0 ? d + 7 : "";
     if (strncasecmp(p, "localhost/", 10) == 0)
       p += 9;
     /* '?' and '#' would begin a query or a fragment: %3F and %23 name

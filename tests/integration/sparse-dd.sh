@@ -114,6 +114,7 @@ grep -q "bytes differ" "$TMP/err" &&
 # refusal comes; its endpoint used to be freed under it, which the
 # sanitizer run saw in about one try in five, so it is tried 8 times.
 make_striped "$TMP/big.img" 256 65536
+cp "$TMP/base.img" "$TMP/x.img" # a DST that can hold BASE
 for i in 1 2 3 4 5 6 7 8; do
     rc=0
     "$NBDFLOW" sparse_dd -src "$TMP/big.img" -base "$TMP/base.img" \
@@ -131,12 +132,13 @@ check "sparse_dd -dest FILE://localhost/.../null:%20x" \
     -dest "FILE://localhost$TMP/d/null:%20x" -size "$size"
 same "$TMP/src.img" "$TMP/d/null: x"
 for d in "file://-" "file://elsewhere$TMP/d/y" "file://d/y" "file://$TMP/%zz" \
-    "file://$TMP/d/q?x=1" "file://$TMP/d/f#g"; do
+    "file://$TMP/d/q?x=1" "file://$TMP/d/f#g" "file:y" "File:$TMP/d/y"; do
     rc=0
     "$NBDFLOW" sparse_dd -src "$TMP/src.img" -dest "$d" -size "$size" \
         2>"$TMP/err" || rc=$?
     [ "$rc" = 2 ] || fail "-dest $d: status $rc: $(cat "$TMP/err")"
 done
+[ ! -e "file:y" ] && [ ! -e "$TMP/d/y" ] || fail "a refused -dest made a file"
 rc=0
 "$NBDFLOW" sparse_dd -machine -src "$TMP/src.img" -dest - -size "$size" \
     >"$TMP/o" 2>"$TMP/err" || rc=$?
