@@ -197,8 +197,11 @@ endpoint_open_gen(struct ep_env *env, const char *spec, struct endpoint **out,
     const char *prefix;
     enum gen_kind kind;
     int maxargs;
-  } kinds[] = { { "pattern:", GEN_PATTERN, 1 }, { "random:", GEN_RANDOM, 2 },
-                { "zero:", GEN_ZERO, 1 }, { "sparse:", GEN_SPARSE, 3 } };
+    const char *form;
+  } kinds[] = { { "pattern:", GEN_PATTERN, 1, "pattern:SIZE" },
+                { "random:", GEN_RANDOM, 2, "random:SIZE[:SEED]" },
+                { "zero:", GEN_ZERO, 1, "zero:SIZE" },
+                { "sparse:", GEN_SPARSE, 3, "sparse:SIZE[:PERIOD[:DATA]]" } };
   size_t k;
   for (k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
     if (strncmp(spec, kinds[k].prefix, strlen(kinds[k].prefix)) == 0)
@@ -209,7 +212,9 @@ endpoint_open_gen(struct ep_env *env, const char *spec, struct endpoint **out,
   int n;
   if (gen_parse(spec + strlen(kinds[k].prefix), v, kinds[k].maxargs, &n) <
       0) {
-    snprintf(err, errlen, "bad generated source '%s'", spec);
+    snprintf(err, errlen, "bad generated source '%s': the form is %s, each "
+             "a number with an optional K, M, G or T suffix", spec,
+             kinds[k].form);
     return -EINVAL;
   }
   struct gen_priv *p = calloc(1, sizeof *p);
