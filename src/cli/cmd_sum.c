@@ -3,6 +3,7 @@
  * are hashed as zeroes without being read. */
 #include <errno.h>
 #include <getopt.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -37,6 +38,23 @@ sum_usage(FILE *f)
           "line says why); 2 for a usage error; a SIGINT or SIGTERM ends it\n"
           "by that signal, after one line (a shell shows 130 or 143).\n",
           hash_names(), COPY_DEFAULT_TIMEOUT);
+}
+
+/* One line as sha256sum prints it: a name holding a backslash, a
+ * newline or a carriage return is escaped and the line starts with a
+ * backslash, so that "sha256sum -c" reads the name back. */
+static void
+sum_print(const char *hex, const char *name)
+{
+  bool esc = strpbrk(name, "\\\n\r") != NULL;
+  printf("%s%s  ", esc ? "\\" : "", hex);
+  for (const char *p = name; *p; p++) {
+    if (!esc || (*p != '\\' && *p != '\n' && *p != '\r'))
+      putchar(*p);
+    else
+      printf("\\%c", *p == '\\' ? '\\' : *p == '\n' ? 'n' : 'r');
+  }
+  putchar('\n');
 }
 
 int
@@ -142,7 +160,7 @@ cmd_sum(int argc, char **argv)
   uint8_t d[HASH_MAX_DIGEST];
   char hex[2 * HASH_MAX_DIGEST + 1];
   hash_hex(d, hash_final(&h, d), hex);
-  printf("%s  %s\n", hex, spec);
+  sum_print(hex, spec);
   rc = 0;
 out:
   hash_discard(&h);

@@ -1,7 +1,8 @@
 #!/bin/bash
 # sum-sha256.sh: "nbdflow sum --algo sha256" equals sha256sum of the raw
 # image for files, sparse files, NBD exports and pipes; the default digest
-# agrees between a file and the same image over NBD and changes with it.
+# agrees between a file and the same image over NBD and changes with it;
+# odd file names are escaped as sha256sum escapes them.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need qemu-nbd qemu-utils
@@ -34,4 +35,16 @@ before=$(digest "$TMP/img")
 printf 'x' | dd of="$TMP/img" bs=1 seek=40000000 conv=notrunc status=none
 [ "$(digest "$TMP/img")" != "$before" ] || fail "digest blind to a change"
 note "ok: sums agree"
+# A name with a backslash, a newline or a carriage return is escaped as
+# sha256sum escapes it, so that "sha256sum -c" reads the line back.
+for name in 'back\slash' $'new\nline' $'carriage\rreturn' 'plain name'; do
+    f=$TMP/$name
+    head -c 4096 "$TMP/img" >"$f"
+    got=$("$NBDFLOW" sum --algo sha256 "$f")
+    [ "$got" = "$(sha256sum "$f")" ] ||
+        fail "sum of '$name' prints '$got', sha256sum '$(sha256sum "$f")'"
+    printf '%s\n' "$got" | sha256sum -c --quiet ||
+        fail "sha256sum -c cannot read sum's line for '$name'"
+done
+note "ok: names escaped as sha256sum escapes them"
 echo "PASS"
