@@ -88,8 +88,18 @@ ck_footer_copy(struct ck *k, const struct vhd_level *l)
                       : c.data_offset != l->f.data_offset ? "header offset"
                       : memcmp(c.uuid, l->f.uuid, 16)     ? "UUID"
                       : c.timestamp != l->f.timestamp     ? "timestamp"
-                      : l->footer_len != VHD_FOOTER_LEN   ? NULL
-                                                          : "bytes";
+                                                          : NULL;
+  char other[64];
+  if (field == NULL && l->footer_len == VHD_FOOTER_LEN) {
+    /* Another field: name the first byte that differs (64-67: the
+     * checksum, which differs when either copy was damaged). */
+    size_t i = 0;
+    while (i < sizeof end && copy[i] == end[i])
+      i++;
+    snprintf(other, sizeof other, "byte %zu of 512%s", i,
+             i >= 64 && i < 68 ? " (the checksum)" : "");
+    field = other;
+  }
   if (field)
     ck_say(k, true, "the footer copy at offset 0 differs from the footer "
            "at the end: %s", field);
