@@ -80,6 +80,15 @@ gen corrupt "$TMP/p/base.vhd" "$TMP/copy.vhd" --kind footer-copy-mismatch
 dirty "the footer copy differs" "footer copy" "$TMP/copy.vhd"
 gen corrupt "$TMP/p/base.vhd" "$TMP/fsum.vhd" --kind footer-checksum
 dirty "footer checksum" "checksum" "$TMP/fsum.vhd"
+# Only the footer at the end damaged, in its checksum: the copy at 0
+# differs from it there, and the check names the byte.
+cp "$TMP/p/base.vhd" "$TMP/esum.vhd"
+sz=$(stat -c %s "$TMP/esum.vhd")
+b=$(od -An -tu1 -j $((sz - 512 + 67)) -N1 "$TMP/esum.vhd" | tr -d ' ')
+printf "\\$(printf %03o $(((b + 1) % 256)))" |
+    dd of="$TMP/esum.vhd" bs=1 seek=$((sz - 512 + 67)) conv=notrunc status=none
+dirty "end footer checksum" "differs from the footer at the end: byte 67 of 512 \(the checksum\)" \
+    "$TMP/esum.vhd"
 gen corrupt "$TMP/p/base.vhd" "$TMP/hsum.vhd" --kind header-checksum
 dirty "header checksum" "checksum" "$TMP/hsum.vhd"
 
