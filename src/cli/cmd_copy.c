@@ -1117,7 +1117,9 @@ copy_checkpoint_precheck(const struct copy_args *a,
   }
   if (journal_side_init(&src, a->src, true, s->src->size, err,
                         sizeof err) < 0 ||
-      journal_precheck(a->checkpoint, &src, a->dst, err, sizeof err) < 0) {
+      journal_precheck(a->checkpoint, &src, a->dst,
+                       copy_dst_format(a) <= IMAGE_FORMAT_RAW, err,
+                       sizeof err) < 0) {
     log_error("%s", err);
     return -1;
   }

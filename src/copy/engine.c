@@ -238,7 +238,8 @@ eng_write(struct engine *e, struct cop *c)
   if (e->dst == NULL ||
       (c->zero && e->o->dst_is_zero && e->dst->size_known &&
        !e->dst->sequential)) {
-    eng_account(e, c, false, true);
+    if (!c->replay)
+      eng_account(e, c, false, true);
     eng_cop_release(e, c);
     return;
   }
@@ -373,6 +374,8 @@ eng_write_done(struct engine *e, struct cop *c)
   if (w->err)
     eng_fail(e, w->type == EP_ZERO ? "zeroing" : "write to", e->dst,
              c->offset, c->length, w->err, w->errmsg);
+  else if (c->replay)
+    e->replayed += w->type == EP_WRITE ? c->length : 0;
   else
     eng_account(e, c, w->type == EP_ZERO, w->skipped);
   eng_cop_release(e, c);
@@ -385,9 +388,17 @@ eng_flush_done(struct engine *e)
 {
   e->flushing = false;
   e->flushed = true;
-  if (e->flush_op.err)
+  if (e->flush_op.err) {
     eng_fail(e, "flush of", e->dst, 0, e->size, e->flush_op.err,
              e->flush_op.errmsg);
+    return;
+  }
+  /* Sent again on a new connection, it covers none of the lost one's
+   * writes: the copy goes back and flushes once more at the end. */
+  if (eng_rewind_if_lost(e) || !eng_flush_vouches(e, e->flush_lost))
+    e->flushed = false;
+  else
+    e->durable = e->pos;
 }
 
 static void
@@ -432,6 +443,8 @@ eng_cop_take(struct engine *e, uint64_t len, bool zero)
   c->offset = e->pos;
   c->length = len;
   c->zero = zero;
+  c->replay = c->offset < e->replay_end;
+  c->hashed = c->replay; /* its bytes were hashed the first time */
   c->t0_us = loop_now_us();
   e->active++;
   if (e->ordered) {
@@ -605,6 +618,7 @@ eng_check_finish(struct engine *e)
                                   .arg = e };
     e->flushing = true;
     e->t_flush_us = loop_now_us();
+    e->flush_lost = e->dst->reconnects;
     int r = endpoint_submit(e->dst, &e->flush_op);
     if (r < 0) {
       e->flushing = false;
@@ -634,6 +648,7 @@ eng_pump(void *arg)
   e->pumping = true;
   for (;;) {
     bool busy = false;
+    eng_rewind_if_lost(e);
     while (e->done_head) {
       struct ep_op *op = e->done_head;
       e->done_head = op->next_done;
@@ -897,7 +912,7 @@ copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
   if (o->start) {
     uint64_t s0 = e->size != UINT64_MAX && o->start > e->size ? e->size
                                                               : o->start;
-    e->pos = e->ext_end = e->ckpt_committed = s0;
+    e->pos = e->ext_end = e->ckpt_committed = e->durable = s0;
     st->done = st->resumed = s0;
   }
   st->request_size = e->rsize;
@@ -945,7 +960,8 @@ copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
   st->src_connections = src->connections; /* later ones joined meanwhile */
   st->dst_connections = dst ? dst->connections : 0;
   st->reconnects = src->reconnects + (dst ? dst->reconnects : 0);
-  st->resent = src->resent_bytes + (dst ? dst->resent_bytes : 0);
+  st->resent = src->resent_bytes + (dst ? dst->resent_bytes : 0) +
+               e->replayed;
   if (r < 0 && !e->failed)
     eng_fail(e, "event loop", NULL, 0, 0, -r, NULL);
   if (!e->failed && e->o->progress != COPY_PROGRESS_NONE)

@@ -6,7 +6,8 @@
  *   plan.c       the planner: the source's extents cut into pieces
  *   pacing.c     progress, window and connection adaptation, --rate
  *   watchdog.c   --timeout: an NBD endpoint that stopped answering
- *   checkpoint.c --checkpoint: flushing and recording what has landed
+ *   checkpoint.c --checkpoint: flushing and recording what has landed;
+ *                going back after a lost destination connection
  *   digest.c     hashing in offset order for sum and --verify
  *
  * Everything here runs on the loop thread, except where a function says
@@ -26,6 +27,7 @@
 #define ENG_ADAPT_MIN_US 100000  /* window adaptation period bounds */
 #define ENG_ADAPT_MAX_US 1000000
 #define ENG_RATE_TICK_MS 20 /* the tick under --rate: its pacing step */
+#define ENG_DURABLE_US 10000000 /* flushes for --retry without --checkpoint */
 
 enum cop_state { COP_FREE, COP_READING, COP_READY, COP_WRITING };
 
@@ -51,6 +53,8 @@ struct cop {
   uint64_t cap;       /* bytes buf can hold (0: no buf) */
   uint64_t t0_us;
   uint64_t t_sub_us;  /* when its read or write was submitted */
+  bool replay;        /* written again after a lost connection: its bytes
+                         were counted (and hashed) by the piece before */
   struct ep_op rop, wop;
   struct cop *prev, *next; /* gate list, or free list (next only) */
 };
@@ -126,6 +130,20 @@ struct engine {
   uint64_t ckpt_below;      /* what the checkpoint under way vouches for */
   uint64_t ckpt_committed;  /* the last offset handed to checkpoint */
   uint64_t t_last_ckpt_us, t_ckpt_us;
+
+  /* A lost destination connection (--retry): what it acknowledged but
+   * no FLUSH covered may be gone (NBD promises nothing of it), so the
+   * copy goes back to the last offset that a FLUSH of every connection
+   * vouched for, with no loss since, and writes from there again
+   * (eng_rewind). Flushes for that run every ENG_DURABLE_US when no
+   * --checkpoint does them. */
+  uint64_t durable;         /* below it: flushed, no connection lost since */
+  uint64_t replay_end;      /* pieces issued below it are replays */
+  uint64_t replayed;        /* bytes the replays wrote */
+  uint64_t dst_lost_seen;   /* dst->reconnects when last looked at */
+  uint64_t ckpt_lost;       /* ... when ckpt_op's FLUSH was sent */
+  uint64_t flush_lost;      /* ... when flush_op was sent */
+  bool ext_discard;         /* the extents in flight predate a rewind */
 
   int failed;
   char *err;
@@ -221,9 +239,17 @@ void eng_watchdog(struct engine *e);
 void eng_ckpt_commit(struct engine *e);
 /* ckpt_op completed: the FLUSH (then the commit starts) or the commit. */
 void eng_ckpt_done(struct engine *e);
-/* About every checkpoint_us while the copy runs: starts a checkpoint
- * when more has landed than was last recorded. */
+/* About every checkpoint_us (ENG_DURABLE_US for --retry alone) while
+ * the copy runs: starts a checkpoint when more has landed than was last
+ * recorded. */
 void eng_checkpoint(struct engine *e);
+/* When the destination reconnected (--retry) since the engine last
+ * looked, the copy goes back to e->durable (see struct engine), or fails
+ * when its source cannot be read again. True when it went back. */
+bool eng_rewind_if_lost(struct engine *e);
+/* A FLUSH sent when dst->reconnects was `lost` vouches for what it was
+ * sent for only if no connection was lost since. */
+bool eng_flush_vouches(const struct engine *e, uint64_t lost);
 
 /* digest.c */
 

@@ -398,7 +398,8 @@ journal_dir(const char *path)
 
 int
 journal_precheck(const char *path, const struct journal_side *src,
-                 const char *dst_spec, char *err, size_t errlen)
+                 const char *dst_spec, bool dst_raw, char *err,
+                 size_t errlen)
 {
   struct journal_rec old;
   int r = journal_load(path, &old, err, errlen);
@@ -418,10 +419,19 @@ journal_precheck(const char *path, const struct journal_side *src,
   }
   if (r < 0)
     return r;
-  /* The destination as it is now, with the size it had: opening it
-   * comes later, and checks the size then. */
+  /* The destination as it is now. Opening it comes later, and checks
+   * its size then; but a raw file is cut or grown to the source's size
+   * by that open, which would hide one emptied or cut since: its size
+   * counts now. */
+  uint64_t size = old.dst.size;
+  struct target t;
+  struct stat st;
+  target_parse(dst_spec, false, &t);
+  if (dst_raw && t.kind == TARGET_FILE && stat(t.arg, &st) == 0 &&
+      S_ISREG(st.st_mode))
+    size = (uint64_t)st.st_size;
   struct journal_side dst;
-  r = journal_side_init(&dst, dst_spec, false, old.dst.size, err, errlen);
+  r = journal_side_init(&dst, dst_spec, false, size, err, errlen);
   if (r == 0)
     r = journal_check(path, src, &dst, &old, err, errlen);
   return r;

@@ -62,11 +62,13 @@ int journal_side_init(struct journal_side *side, const char *spec, bool src,
 /* Before the destination is opened (which may truncate or create it),
  * so that a journal that would be refused leaves it untouched: when path
  * holds a journal, it must parse and name src and dst_spec, with the
- * destination's identity as it is now (journal_open checks its size);
- * when path does not exist, its directory must be writable. Returns 0,
- * or -errno with a sentence in err. */
+ * destination's identity as it is now, and, when dst_raw says it is
+ * written raw, a regular file's size too (journal_open checks the size
+ * of the rest); when path does not exist, its directory must be
+ * writable. Returns 0, or -errno with a sentence in err. */
 int journal_precheck(const char *path, const struct journal_side *src,
-                     const char *dst_spec, char *err, size_t errlen);
+                     const char *dst_spec, bool dst_raw, char *err,
+                     size_t errlen);
 
 struct journal;
 

@@ -45,6 +45,11 @@ eng_extents_done(struct engine *e)
 {
   struct ep_op *op = &e->ext_op;
   e->ext_pending = false;
+  if (e->ext_discard && !op->err) {
+    e->ext_discard = false; /* of before a rewind: asked again from pos */
+    return;
+  }
+  e->ext_discard = false;
   if (op->err || op->nextents == 0) {
     eng_fail(e, "extents of", e->src, op->offset, op->length,
              op->err ? op->err : EPROTO, op->errmsg);

@@ -7,7 +7,8 @@
 # - the same with a slow NBD source and a local file as destination;
 # - a journal that names a source modified since, another destination or
 #   a destination of another size, or that is damaged, is refused, and a
-#   refusal leaves a local destination untouched;
+#   refusal leaves a local destination untouched; so is a raw
+#   destination cut since;
 # - a finished journal: running again copies nothing.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -137,6 +138,14 @@ refused "not a journal, local destination" "not a checkpoint journal" \
 refused "a journal that cannot be created" "cannot create it in" \
     --checkpoint "$TMP/nodir/j" "$TMP/small.img" "$TMP/local.img"
 same "$TMP/src.img" "$TMP/local.img"
+# A raw destination emptied or cut since (the same file): its open would
+# grow it back to the source's size and hide that, so its size counts
+# before the open.
+truncate -s 10M "$TMP/local.img"
+refused "a destination cut since" "as destination .*another size" \
+    --checkpoint "$TMP/j4" "$suri" "$TMP/local.img"
+[ "$(stat -c %s "$TMP/local.img")" = $((10 * MiB)) ] ||
+    fail "a refused journal still resized the destination"
 
 # Usage errors.
 for args in "--checkpoint $TMP/j5 $TMP/src.img -" \

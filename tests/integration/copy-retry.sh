@@ -5,6 +5,8 @@
 #   SIGKILL and restarted: the copy reconnects, sends what was in flight
 #   again, and lands whole (--verify, then cmp); --json counts the
 #   reconnection and the bytes sent twice;
+# - a destination that loses acknowledged but unflushed writes with the
+#   kill (a writeback cache): the copy writes them again;
 # - the source killed and restarted: the same, reading;
 # - a source that comes back with other content, or a destination of
 #   another size: the copy stops, saying it is not the same disk;
@@ -82,6 +84,26 @@ expect_resumed "nbdkit destination killed and restarted"
 same "$TMP/src.img" "$TMP/dst.img"
 grep -q "connection lost" "$TMP/err" ||
     fail "no line says the connection was lost: $(cat "$TMP/err")"
+kit_kill
+
+# 1b. The same, but the destination holds acknowledged writes in a cache
+# until a FLUSH (nbdkit's cache filter, writeback), as NBD allows: the
+# kill loses them. The copy must write them again, not count them as
+# landed (no --verify here: only the final cmp can tell).
+rm -f "$TMP/dst.img"
+truncate -s 16M "$TMP/dst.img"
+kit_at "$dsock" --filter=delay --filter=cache file "$TMP/dst.img" \
+    wdelay=100ms cache=writeback
+start_copy --retry 5,0.3 "$TMP/src.img" "$(uri "$dsock")"
+kit_kill
+sleep 0.5
+kit_at "$dsock" --filter=delay --filter=cache file "$TMP/dst.img" \
+    wdelay=100ms cache=writeback
+end_copy
+[ "$rc" = 0 ] || fail "a destination that lost its cache: exit $rc: $(cat "$TMP/err")"
+grep -q "acknowledged on the lost connection but not flushed: writing them again" \
+    "$TMP/err" || fail "no line says the unflushed writes go again: $(cat "$TMP/err")"
+same "$TMP/src.img" "$TMP/dst.img"
 kit_kill
 
 # 2. Our own server as destination over TCP, the source slow, the server
