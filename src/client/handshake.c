@@ -565,9 +565,11 @@ hs_newstyle(struct hs *h)
       (r = hs_set_meta(h)) < 0)
     return r;
   r = hs_go(h);
-  if (r == -ENOTSUP) {
+  if (r == -ENOTSUP && !c->info.extended) {
     /* Contexts belong to GO-era servers; structured replies, once
-     * acknowledged, stay on whatever selects the export. */
+     * acknowledged, stay on whatever selects the export. Never after
+     * extended headers: the spec forbids EXPORT_NAME then, and the
+     * refusal (its message already recorded) ends the handshake. */
     c->info.allocation = false;
     return hs_export_name(h);
   }

@@ -98,6 +98,19 @@ for mode in extsimple:"compact reply after extended headers" \
     check_copy_failed "${mode%%:*}" "$rc" "${mode#*:}"
 done
 
+# GO refused after extended headers were agreed: the client may not fall
+# back to EXPORT_NAME then (the extended-headers text: MUST NOT).
+fake extnogo
+rc=0
+timeout 30 "$NBDFLOW" info "$URI" >"$TMP/out" 2>"$TMP/err" || rc=$?
+[ "$rc" != 0 ] && [ "$rc" != 124 ] ||
+    fail "GO refused after extended headers: info exit $rc: $(cat "$TMP/err")"
+grep -q "refused GO: ERR_UNSUP" "$TMP/err" ||
+    fail "GO refused after extended headers: $(cat "$TMP/err")"
+! grep -q export_name "$TMP/fake.log" ||
+    fail "EXPORT_NAME sent after extended headers were agreed"
+note "ok: no EXPORT_NAME after extended headers: $(cat "$TMP/err")"
+
 # SET_META_CONTEXT that replied a context and then failed has set none
 # (the spec: it replaces the contexts "including when this command
 # fails"): no BLOCK_STATUS may be sent, all is data, the copy succeeds.

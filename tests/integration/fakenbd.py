@@ -42,6 +42,10 @@ Modes (what READ replies and the handshake do):
               offset plus one in their header
   extstatus32 agrees to extended headers, then answers BLOCK_STATUS with
               a compact NBD_REPLY_TYPE_BLOCK_STATUS chunk
+  extnogo     agrees to extended headers, then answers GO with ERR_UNSUP;
+              an EXPORT_NAME after that (which the client MUST NOT send
+              once extended headers are agreed) is logged on stdout as
+              "export_name" and answered as an old server would
   metaerr     SET_META_CONTEXT replies base:allocation, then fails with
               ERR_TOO_BIG (no context is set then); BLOCK_STATUS gets
               EINVAL, as from a server without a context
@@ -93,7 +97,7 @@ if MODE == "noflags":
     TFLAGS = 2 | 4 | 8
 if ACCEPT_ONCE:
     TFLAGS |= 256  # CAN_MULTI_CONN
-EXT = MODE in ("extgood", "extsimple", "extoffset", "extstatus32")
+EXT = MODE in ("extgood", "extsimple", "extoffset", "extstatus32", "extnogo")
 DISK = bytearray(b"\xaa") * SIZE if MODE == "zerocap" else None
 LOCK = threading.Lock()
 EVIL_NAME = b"name\x1b[2J\nforged: \"name"
@@ -198,6 +202,12 @@ def handshake(s):
             raise EOFError
         if MODE == "shutdown":
             opt_reply(s, opt, (1 << 31) + 7, b"going down")  # ERR_SHUTDOWN
+        elif opt == 7 and MODE == "extnogo":
+            opt_reply(s, opt, (1 << 31) + 1)  # ERR_UNSUP
+        elif opt == 1 and MODE == "extnogo":  # EXPORT_NAME
+            print("export_name", flush=True)
+            s.sendall(struct.pack(">QH", SIZE, TFLAGS) + bytes(124))
+            return ext
         elif opt == 7 and MODE == "gounknown":
             opt_reply(s, opt, (1 << 31) + 6, b"no such export")  # UNKNOWN
         elif opt == 11 and EXT:  # EXTENDED_HEADERS
