@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -675,6 +676,20 @@ copy_parse(int argc, char **argv, struct copy_args *a)
       if (two)
         return 2;
     }
+  }
+  if ((a->tls_certificates || a->tls_priority || a->no_tls_verify) &&
+      strncasecmp(a->dst, "https://", 8) != 0) {
+    /* Silently unused, they would leave the user believing they hold. */
+    log_error("%s applies to an https:// DESTINATION, not '%s'%s",
+              a->tls_priority       ? "--tls-priority"
+              : a->tls_certificates ? "--tls-certificates"
+                                    : "--tls-verify-peer",
+              a->dst,
+              strncasecmp(a->dst, "nbds", 4) == 0
+                  ? " (an nbds:// URI takes its TLS settings as parameters: "
+                    "tls-certificates=DIR, tls-verify-peer=0...)"
+                  : "");
+    return 2;
   }
   if (a->dst_protocol == EP_PROTO_NBD && !dst_http && !dst_nbd) {
     log_error("--dst-protocol nbd: DESTINATION '%s' is not an http(s) URL "

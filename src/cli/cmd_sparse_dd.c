@@ -376,12 +376,15 @@ cmd_sparse_dd(int argc, char **argv)
     cargv[cargc++] = "--nbd-export";
     cargv[cargc++] = (char *)export_name;
   }
-  if (good)
+  /* TLS settings for an https DEST only (copy refuses them elsewhere):
+   * xapi passes its ciphers whatever the destination. */
+  bool https = strncasecmp(d, "https://", 8) == 0;
+  if (good && https)
     cargv[cargc++] = prio_opt;
   /* xapi's command line has no place for a CA: the environment's, else
    * the system's trusted CAs check an https server. */
   const char *ca = getenv("NBDFLOW_TLS_CERTIFICATES");
-  if (ca && *ca) {
+  if (ca && *ca && https) {
     cargv[cargc++] = "--tls-certificates";
     cargv[cargc++] = (char *)ca;
   }

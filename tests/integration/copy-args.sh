@@ -108,6 +108,14 @@ cmp "$TMP/src.img" "$TMP/keep.img" || fail "a refused Chunked copy changed DST"
 refused 2 "--no-flush would leave the Chunked stream without its end marker" \
     copy --no-flush "$TMP/src.img" "chunked+unix://$TMP/none.sock"
 
+# TLS options of an https DESTINATION are refused elsewhere, rather than
+# silently unused (an nbds:// URI takes its own parameters).
+refused 2 "--tls-priority applies to an https:// DESTINATION" \
+    copy --tls-priority NORMAL "$TMP/src.img" "nbds://127.0.0.1:1/"
+refused 2 "--tls-verify-peer applies to an https:// DESTINATION" \
+    copy --tls-verify-peer false "$TMP/src.img" "$TMP/tv.img"
+[ ! -e "$TMP/tv.img" ] || fail "a refused copy created its destination"
+
 # Output that cannot be written (a full disk) fails, with one line.
 for args in "--version" "copy --help" "sum $TMP/src.img" \
             "copy --json $TMP/src.img null:" "info --json $TMP/src.img"; do
