@@ -481,15 +481,17 @@ info_map_image(FILE *out, struct image *img, bool json)
   return 0;
 }
 
+/* over_nbd: the image is an NBD export's bytes (-f with a URI). */
 static void
-info_print_image(FILE *out, struct image *img, const char *target, bool json)
+info_print_image(FILE *out, struct image *img, const char *target, bool json,
+                 bool over_nbd)
 {
   struct image_info in;
   char sz[32];
   img->ops->info(img, &in, true);
   size_format_exact(img->size, sz, sizeof sz);
   if (!json) {
-    fprintf(out, "file: ");
+    fprintf(out, "%s: ", over_nbd ? "export" : "file");
     info_text_str(out, target);
     fprintf(out, "\n\tformat: %s\n\tdisk-type: %s\n", in.format,
             in.disk_type);
@@ -509,7 +511,8 @@ info_print_image(FILE *out, struct image *img, const char *target, bool json)
     }
     return;
   }
-  fprintf(out, "{\n\"protocol\": \"file\",\n\"exports\": [\n\t{\n\t\"uri\": ");
+  fprintf(out, "{\n\"protocol\": \"%s\",\n\"exports\": [\n\t{\n\t\"uri\": ",
+          over_nbd ? "nbd" : "file");
   text_json_str(out, target);
   fprintf(out, ",\n\t\"format\": \"%s\",\n\t\"disk-type\": \"%s\"",
           in.format, in.disk_type);
@@ -546,7 +549,7 @@ info_nbd_image(const struct info_args *a)
   if (a->map)
     r = info_map_image(a->out, img, a->json);
   else
-    info_print_image(a->out, img, a->target, a->json);
+    info_print_image(a->out, img, a->target, a->json, true);
   image_close(img);
   return r < 0 ? 1 : 0;
 }
@@ -635,7 +638,7 @@ info_file(const struct info_args *a)
     if (a->map)
       r = info_map_image(a->out, img, a->json);
     else
-      info_print_image(a->out, img, a->target, a->json);
+      info_print_image(a->out, img, a->target, a->json, false);
     image_close(img);
     return r < 0 ? 1 : 0;
   }

@@ -144,6 +144,11 @@ ok "info -f qcow2 of the export" info -f qcow2 "$u"
 [ "$(field export-size | cut -d' ' -f1)" = "$size" ] ||
     fail "info -f qcow2: export-size '$(field export-size)', want $size"
 [ "$(field block-size)" = 65536 ] || fail "info -f qcow2: block-size '$(field block-size)'"
+head -n 1 "$TMP/out" | grep -q "^export: " ||
+    fail "info -f qcow2 of an export calls it: $(head -n 1 "$TMP/out")"
+ok "info --json -f qcow2 of the export" info --json -f qcow2 "$u"
+grep -q '"protocol": "nbd"' "$TMP/out" ||
+    fail "info --json -f qcow2 of an export: $(head -n 3 "$TMP/out")"
 note "ok: info -f qcow2 of the export: qcow2, version 3, $size bytes"
 ok "copy --src-format qcow2 of the export into a qcow2" copy --src-format qcow2 "$u" \
     "$TMP/nbd.qcow2" --dst-format qcow2
