@@ -9,7 +9,6 @@
 
 #include <stddef.h>
 #include <stdio.h>
-#include <string.h>
 
 #include "net/loop.h"
 #include "util/log.h"
