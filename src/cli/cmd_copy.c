@@ -1328,6 +1328,8 @@ cmd_copy(int argc, char **argv)
   if (copy_space_check(&a, s.src) < 0)
     goto out;
   uint32_t alloc_block = copy_alloc_block(&a);
+  if (a.checkpoint && copy_checkpoint_precheck(&a, &s, alloc_block) < 0)
+    goto out; /* before the scan of the source, and DST's open */
   if (alloc_block &&
       copy_alloc_scan(&a, &s, &alloc, copy_dst_format(&a), alloc_block) < 0)
     goto out;
@@ -1350,8 +1352,6 @@ cmd_copy(int argc, char **argv)
     .no_tls_verify = a.no_tls_verify,
     .tls_priority = a.tls_priority,
   };
-  if (a.checkpoint && copy_checkpoint_precheck(&a, &s, alloc_block) < 0)
-    goto out;
   if (endpoint_open(&s.env, a.dst_open, &dopt, &s.dst, err, sizeof err) <
       0) {
     log_error("%s", err);

@@ -137,6 +137,11 @@ refused "not a journal, local destination" "not a checkpoint journal" \
     --checkpoint "$TMP/j6" "$TMP/small.img" "$TMP/local.img"
 refused "a journal that cannot be created" "cannot create it in" \
     --checkpoint "$TMP/nodir/j" "$TMP/small.img" "$TMP/local.img"
+echo precious >"$TMP/notes.txt"
+refused "an image written as a stream" "is written as a stream" \
+    --checkpoint "$TMP/j7" "$TMP/small.img" "$TMP/notes.txt" --dst-format vhd
+[ "$(cat "$TMP/notes.txt")" = precious ] ||
+    fail "a refused --checkpoint emptied the file it was to write an image into"
 same "$TMP/src.img" "$TMP/local.img"
 # A raw destination emptied or cut since (the same file): its open would
 # grow it back to the source's size and hide that, so its size counts
