@@ -16,6 +16,7 @@
 
 #include "copy/endpoint.h"
 #include "format/image.h"
+#include "util/log.h"
 
 /* Extents asked of the image per EXTENTS op: the engine's batch is the
  * bound, this only sizes the scratch array. */
@@ -113,6 +114,13 @@ endpoint_open_image(struct ep_env *env, const char *spec, struct image *img,
   e->size = img->size;
   e->readable = true;
   e->has_extents = true;
+  struct image_info in;
+  img->ops->info(img, &in, false);
+  if (in.marked_corrupt)
+    /* Read all the same, as qemu does read-only: it may be all there
+     * is. A cut-short write to a device reads its old bytes. */
+    log_warn("%s: the image is marked corrupt (its writer may have been "
+             "cut short): what it reads may not be its content", spec);
   *out = e;
   return 0;
 }

@@ -18,7 +18,7 @@ struct image_out {
   struct image_writer *w;
   int fd;
   bool own_fd;   /* a file we opened (else stdout) */
-  bool regular;  /* fdatasync means something */
+  bool syncable; /* a file or a block device: fdatasync means something */
 };
 
 static void
@@ -41,7 +41,7 @@ image_out_work(struct work *wk)
       snprintf(op->errmsg, sizeof op->errmsg,
                "flush before the whole disk was written: the image is "
                "incomplete");
-    } else if (v->regular && fdatasync(v->fd) < 0) {
+    } else if (v->syncable && fdatasync(v->fd) < 0) {
       r = -errno;
     }
     break;
@@ -104,6 +104,17 @@ endpoint_open_image_out(struct ep_env *env, const char *spec,
              image_writer_block(f));
     return -EINVAL;
   }
+  struct stat dev;
+  if (f == IMAGE_FORMAT_VHD && path && stat(path, &dev) == 0 &&
+      S_ISBLK(dev.st_mode)) {
+    /* A reader finds a VHD's footer at the end of the file: on a
+     * device larger than the image it would find the device's old
+     * bytes there. */
+    snprintf(err, errlen, "%s: a block device: a VHD is written to a file "
+             "or '-' (its footer must end the file); a qcow2 may go onto "
+             "a device, or copy it raw", spec);
+    return -ENOTSUP;
+  }
   struct image_out *v = calloc(1, sizeof *v);
   if (v == NULL) {
     snprintf(err, errlen, "%s: out of memory", spec);
@@ -138,7 +149,8 @@ endpoint_open_image_out(struct ep_env *env, const char *spec,
     return r;
   }
   struct stat st;
-  v->regular = fstat(v->fd, &st) == 0 && S_ISREG(st.st_mode);
+  v->syncable = fstat(v->fd, &st) == 0 &&
+                (S_ISREG(st.st_mode) || S_ISBLK(st.st_mode));
   struct endpoint *e = endpoint_new(env, spec, &image_out_ops, v);
   if (e == NULL) {
     image_out_free(v);

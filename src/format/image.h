@@ -100,6 +100,9 @@ struct image_info {
   uint32_t write_block;
   bool can_trim;
   bool can_fast_zero;
+  /* The image says its content may be wrong (qcow2's corrupt bit: its
+   * writer was cut short, or qemu found its tables inconsistent). */
+  bool marked_corrupt;
 };
 
 /* Where an image's bytes are when they are not a local file: an NBD

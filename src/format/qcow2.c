@@ -982,6 +982,7 @@ q_info(struct image *img, struct image_info *out, bool allocation)
     .parents = p->parents,
     .nparents = p->depth - 1,
     .in_memory = true,
+    .marked_corrupt = (l->h.incompat & QCOW2_INCOMPAT_CORRUPT) != 0,
   };
   for (int k = 0; k < p->depth; k++) {
     bool sw = false;

@@ -53,16 +53,17 @@ struct qcow2_writer {
   uint64_t header;
 };
 
-/* Whether fd is a regular file that this writer may mark: not in append
- * mode (where pwrite would append), its offset known. */
+/* Whether fd is a regular file or a block device that this writer may
+ * mark: not in append mode (where pwrite would append), its offset
+ * known. */
 static bool
 qw_may_mark(struct qcow2_writer *w, int fd)
 {
   struct stat st;
   int fl = fcntl(fd, F_GETFL);
   off_t at = lseek(fd, 0, SEEK_CUR);
-  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || fl < 0 ||
-      (fl & O_APPEND) || at < 0)
+  if (fstat(fd, &st) < 0 || !(S_ISREG(st.st_mode) || S_ISBLK(st.st_mode)) ||
+      fl < 0 || (fl & O_APPEND) || at < 0)
     return false;
   w->header = (uint64_t)at;
   return true;

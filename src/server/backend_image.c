@@ -10,6 +10,7 @@
 #include "export.h"
 #include "format/image.h"
 #include "proto/nbd.h"
+#include "util/log.h"
 
 /* The format's flags are NBD's base:allocation bits. */
 _Static_assert(IMAGE_HOLE == NBD_STATE_HOLE && IMAGE_ZERO == NBD_STATE_ZERO,
@@ -130,6 +131,10 @@ backend_image_open(struct export *e, struct image *img)
   e->read_only = !img->writable;
   struct image_info in;
   img->ops->info(img, &in, false);
+  if (in.marked_corrupt)
+    log_warn("export \"%s\": the image is marked corrupt (its writer may "
+             "have been cut short): what it reads may not be its content",
+             e->name);
   if (img->writable) {
     e->can_trim = in.can_trim;
     e->can_fast_zero = in.can_fast_zero;

@@ -4,6 +4,8 @@
 # - Copies of a sparse image into a device full of other data (nbdflow
 #   copy, nbdcopy, qemu-img, and nbdflow copy without a server) land
 #   whole: the holes read as zeroes. A copy back out matches too.
+# - A qcow2 written onto the device is flushed, reads back, and keeps its
+#   corrupt bit when cut short; a VHD is refused there.
 # - A device takes discard and zeroing on whole logical blocks only, but
 #   the server advertises a minimum block size of 1: WRITE_ZEROES and TRIM
 #   of unaligned ranges succeed, and the bytes beside them keep their
@@ -43,6 +45,42 @@ check "nbdflow copy into a block device" \
 same "$TMP/sparse.img" "$dev"
 [ "$("$NBDFLOW" sum --algo sha256 "$dev" | cut -d' ' -f1)" = \
   "$(sha "$TMP/sparse.img")" ] || fail "sum of the device"
+
+# An image written onto a device: a qcow2 (as onto a logical volume) is
+# flushed, verified through our reader and identical for qemu; cut short,
+# it keeps its corrupt bit, and reading it says so. A VHD, whose footer
+# must end the file, is refused with the device untouched.
+fill
+check "nbdflow copy --verify of a qcow2 onto a block device" \
+    "$NBDFLOW" copy --verify "$TMP/sparse.img" "$dev" --dst-format qcow2
+check "qemu-img compare of the qcow2 on the device" \
+    qemu-img compare -q -f raw -F qcow2 "$TMP/sparse.img" "$dev"
+if can_strace; then
+    strace -f -qq -e trace=fdatasync,fsync -o "$TMP/st.q" "$NBDFLOW" copy \
+        "$TMP/sparse.img" "$dev" --dst-format qcow2 ||
+        fail "traced qcow2 copy onto the device"
+    grep -q "fdatasync(" "$TMP/st.q" ||
+        fail "a qcow2 written onto a device was never flushed"
+fi
+before=$(sha "$dev")
+rc=0
+"$NBDFLOW" copy "$TMP/sparse.img" "$dev" --dst-format vhd 2>"$TMP/err" || rc=$?
+[ "$rc" = 1 ] && grep -q "a VHD is written to a file" "$TMP/err" ||
+    fail "a VHD onto a block device: exit $rc: $(cat "$TMP/err")"
+[ "$(sha "$dev")" = "$before" ] || fail "a refused VHD changed the device"
+fill
+"$NBDFLOW" copy --rate 4M "$TMP/sparse.img" "$dev" --dst-format qcow2 \
+    2>/dev/null &
+cpid=$!
+sleep 1
+kill -KILL "$cpid"
+wait "$cpid" 2>/dev/null || true
+qemu-img info "$dev" | grep -q "corrupt: true" ||
+    fail "a qcow2 cut short on a device is not marked corrupt: $(qemu-img info "$dev")"
+"$NBDFLOW" copy "qcow2:$dev" "$TMP/cut.img" 2>"$TMP/err" || true
+grep -q "marked corrupt" "$TMP/err" ||
+    fail "reading a qcow2 marked corrupt says nothing: $(cat "$TMP/err")"
+note "ok: images onto a block device"
 
 serve_start --unix "$TMP/nbd.sock" "$dev"
 grep -q "export \"$dev\": block device, $((32 << 20)) bytes" "$SERVER_LOG" ||
