@@ -264,6 +264,33 @@ copy_parse_progress(const char *v, struct copy_opts *o)
  * later over TCP share the window. An explicit --max-requests or
  * --inflight, our own totals, bounds it when smaller, and so does the
  * largest window (COPY_INFLIGHT_MAX). */
+/* What a regular file at path (or a new one there) may grow to: the
+ * room left on its file system plus the blocks it already holds. 0, or
+ * -1 when path is not a regular file or its file system cannot say. */
+static int
+copy_room(const char *path, uint64_t *room)
+{
+  struct stat sd;
+  struct statvfs fs;
+  uint64_t held = 0;
+  if (stat(path, &sd) == 0) {
+    if (!S_ISREG(sd.st_mode))
+      return -1;
+    held = (uint64_t)sd.st_blocks * 512;
+  }
+  char dir[PATH_MAX];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (slash == NULL)
+    snprintf(dir, sizeof dir, ".");
+  else
+    slash[slash == dir] = '\0'; /* "/x" keeps "/" */
+  if (statvfs(dir, &fs) < 0)
+    return -1;
+  *room = (uint64_t)fs.f_bavail * fs.f_frsize + held;
+  return 0;
+}
+
 /* A local file SRC copied into a regular file DST: refused, before DST
  * is opened (or made), when DST's file system has less room than SRC has
  * allocated, beyond what DST already holds (a rewrite reuses its
@@ -276,8 +303,7 @@ static int
 copy_space_check(const struct copy_args *a, const struct endpoint *src)
 {
   struct target ts, td;
-  struct stat ss, sd;
-  struct statvfs fs;
+  struct stat ss;
   if (a->no_space_check || !src->size_known)
     return 0;
   target_parse(a->src, false, &ts);
@@ -285,25 +311,12 @@ copy_space_check(const struct copy_args *a, const struct endpoint *src)
   if (ts.kind != TARGET_FILE || td.kind != TARGET_FILE ||
       stat(ts.arg, &ss) < 0 || !S_ISREG(ss.st_mode))
     return 0;
-  uint64_t held = 0;
-  if (stat(td.arg, &sd) == 0) {
-    if (!S_ISREG(sd.st_mode))
-      return 0;
-    held = (uint64_t)sd.st_blocks * 512;
-  }
-  char dir[PATH_MAX];
-  snprintf(dir, sizeof dir, "%s", td.arg);
-  char *slash = strrchr(dir, '/');
-  if (slash == NULL)
-    snprintf(dir, sizeof dir, ".");
-  else
-    slash[slash == dir] = '\0'; /* "/x" keeps "/" */
-  if (statvfs(dir, &fs) < 0)
+  uint64_t room;
+  if (copy_room(td.arg, &room) < 0)
     return 0;
   uint64_t need = (uint64_t)ss.st_blocks * 512;
   if (need > src->size)
     need = src->size;
-  uint64_t room = (uint64_t)fs.f_bavail * fs.f_frsize + held;
   if (need <= room)
     return 0;
   log_error("%s: its file system has room for %llu bytes, and %s has %llu "
@@ -1028,6 +1041,34 @@ copy_dst_holds_nothing(const struct copy_args *a)
   }
 }
 
+/* An image to a new file holds a whole block for each block with data
+ * (a VHD's 2 MiB for one byte), which the source's allocated bytes do not
+ * bound: once the scan has counted them, a file system without room for
+ * that many is refused before the file is made. Returns 0, or -1 after
+ * the error. */
+static int
+copy_image_space_check(const struct copy_args *a, const struct copy_alloc *al)
+{
+  struct target td;
+  uint64_t room, n = 0;
+  target_parse(a->dst, false, &td);
+  if (a->no_space_check || td.kind != TARGET_FILE ||
+      copy_room(td.arg, &room) < 0)
+    return 0;
+  for (uint64_t b = 0; b < al->blocks; b++)
+    n += al->bits[b / 8] >> (b % 8) & 1;
+  uint64_t need = n * al->block;
+  if (need <= room)
+    return 0;
+  log_error("%s: its file system has room for %llu bytes, and the %s "
+            "image needs at least %llu (%llu blocks of %u bytes hold "
+            "data): the copy would not fit (--no-space-check to try "
+            "anyway)", td.arg, (unsigned long long)room,
+            image_format_name(copy_dst_format(a)), (unsigned long long)need,
+            (unsigned long long)n, al->block);
+  return -1;
+}
+
 /* The block size of the destination's allocation map: 0 when it needs
  * none. */
 static uint32_t
@@ -1332,6 +1373,8 @@ cmd_copy(int argc, char **argv)
     goto out; /* before the scan of the source, and DST's open */
   if (alloc_block &&
       copy_alloc_scan(&a, &s, &alloc, copy_dst_format(&a), alloc_block) < 0)
+    goto out;
+  if (alloc_block && copy_image_space_check(&a, &alloc) < 0)
     goto out;
   struct endpoint_opts dopt = {
     .write = true, .connections = a.connections, .allocated = a.o.allocated,

@@ -4,7 +4,8 @@
 # - nbdflow copy into a local file: refused before the file is made when
 #   the source's allocated bytes exceed the room; with --no-space-check,
 #   one error line naming the file, the offset, the length and ENOSPC, a
-#   non-zero exit, no report.
+#   non-zero exit, no report. A VHD whose blocks would not fit (whole
+#   2 MiB blocks for a few bytes of data each) is refused the same way.
 # - nbdflow serve with its export on that file system: each client (ours,
 #   nbdcopy, qemu-img) is told ENOSPC and fails; the server logs the
 #   client and the export (at most 16 lines a connection), keeps
@@ -21,6 +22,22 @@ private_tmpfs 4 "$@"
 fs=$TMP/fs
 
 make_random "$TMP/src.img" 8
+
+# 0. A VHD holds a whole 2 MiB block for each one with a byte of data:
+# one byte in each of 4 blocks is 16 KiB allocated, 8 MiB of image, more
+# than the 4 MiB file system. Refused once the scan has counted them,
+# before the file is made.
+truncate -s 8M "$TMP/dots.img"
+for i in 0 1 2 3; do
+    printf x | dd of="$TMP/dots.img" bs=1 seek=$((i * 2097152)) conv=notrunc status=none
+done
+rc=0
+"$NBDFLOW" copy "$TMP/dots.img" "$fs/dots.vhd" --dst-format vhd 2>"$TMP/err" ||
+    rc=$?
+[ "$rc" = 1 ] && [ ! -e "$fs/dots.vhd" ] &&
+    grep -q "dots.vhd: its file system has room for [0-9]* bytes, and the vhd image needs at least 8388608 (4 blocks of 2097152 bytes hold data)" "$TMP/err" ||
+    fail "a VHD that cannot fit: status $rc, $(cat "$TMP/err")"
+note "ok: refused: $(cat "$TMP/err")"
 
 # 1. A local destination file that cannot fit: refused before it is made,
 # naming the room and the source's allocated bytes; with
