@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <linux/fs.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,6 +121,12 @@ file_pread_all(int fd, uint8_t *buf, size_t len, uint64_t off, bool pipe,
                      : pread(fd, buf + done, len - done, (off_t)(off + done));
     if (n < 0 && errno == EINTR)
       continue;
+    if (n < 0 && errno == EAGAIN && pipe) {
+      int r = file_wait_ready(fd, POLLIN);
+      if (r < 0)
+        return -r;
+      continue;
+    }
     if (n < 0)
       return errno;
     if (n == 0)
@@ -138,6 +145,12 @@ file_pwrite_all(int fd, const uint8_t *buf, size_t len, uint64_t off,
     ssize_t n = pipe ? write(fd, buf, len) : pwrite(fd, buf, len, (off_t)off);
     if (n < 0 && errno == EINTR)
       continue;
+    if (n < 0 && errno == EAGAIN && pipe) {
+      int r = file_wait_ready(fd, POLLOUT);
+      if (r < 0)
+        return -r;
+      continue;
+    }
     if (n < 0)
       return errno;
     buf += n;

@@ -6,6 +6,7 @@
 #include <linux/falloc.h>
 #include <linux/fs.h>
 #include <linux/magic.h>
+#include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
@@ -105,6 +106,16 @@ file_pwrite_full(int fd, const void *buf, size_t len, uint64_t off)
 }
 
 int
+file_wait_ready(int fd, short events)
+{
+  struct pollfd p = { .fd = fd, .events = events };
+  while (poll(&p, 1, -1) < 0)
+    if (errno != EINTR)
+      return -errno;
+  return 0;
+}
+
+int
 file_write_stream(int fd, const void *buf, size_t len)
 {
   const char *p = buf;
@@ -112,6 +123,12 @@ file_write_stream(int fd, const void *buf, size_t len)
     ssize_t n = write(fd, p, len);
     if (n < 0 && errno == EINTR)
       continue;
+    if (n < 0 && errno == EAGAIN) {
+      int r = file_wait_ready(fd, POLLOUT);
+      if (r < 0)
+        return r;
+      continue;
+    }
     if (n < 0)
       return -errno;
     p += n;

@@ -34,6 +34,10 @@ int file_pread_exact(int fd, void *buf, size_t len, uint64_t off);
 int file_pwrite_full(int fd, const void *buf, size_t len, uint64_t off);
 /* write(2) of all len bytes to a pipe or stream. */
 int file_write_stream(int fd, const void *buf, size_t len);
+/* After EAGAIN on a stream another process left non-blocking (O_NONBLOCK
+ * belongs to the open file, which it shares): waits until fd is ready
+ * for events (POLLIN, POLLOUT). 0, or -errno. */
+int file_wait_ready(int fd, short events);
 
 /* Makes [off, off + len) of a regular file read as zeroes without
  * writing them: a punched hole, else a zeroed range. -EOPNOTSUPP when

@@ -67,5 +67,38 @@ check "random source -> nbd" "$NBDFLOW" copy random:20M:7 "$uri"
 "$NBDFLOW" copy pattern:1M - >"$TMP/pat" || fail "pattern -> stdout failed"
 od -An -tx1 -j 8 -N 8 "$TMP/pat" | tr -d ' \n' | grep -qx 0000000000000008 ||
     fail "pattern word 1 is not its offset"
+# Pipes another process left non-blocking (O_NONBLOCK belongs to the
+# shared open file): a full stdout or an empty stdin is waited for, not
+# an EAGAIN that fails the copy after the first 64 KiB.
+check "copy through non-blocking pipes" python3 - "$NBDFLOW" "$TMP/src.img" \
+    "$TMP/nb.img" <<'PY'
+import fcntl, hashlib, os, subprocess, sys, time
+nbdflow, src, dst = sys.argv[1:4]
+data = open(src, "rb").read()
+r, w = os.pipe()
+fcntl.fcntl(w, fcntl.F_SETFL, fcntl.fcntl(w, fcntl.F_GETFL) | os.O_NONBLOCK)
+p = subprocess.Popen([nbdflow, "copy", src, "-"], stdout=w)
+os.close(w)
+time.sleep(0.3)  # let the pipe fill first
+out = b""
+while True:
+    b = os.read(r, 1 << 20)
+    if not b:
+        break
+    out += b
+if p.wait() != 0 or out != data:
+    sys.exit("stdout: exit %d, %d of %d bytes" % (p.returncode, len(out), len(data)))
+r, w = os.pipe()
+fcntl.fcntl(r, fcntl.F_SETFL, fcntl.fcntl(r, fcntl.F_GETFL) | os.O_NONBLOCK)
+p = subprocess.Popen([nbdflow, "copy", "-", dst], stdin=r)
+os.close(r)
+for i in range(0, len(data), 1 << 16):
+    os.write(w, data[i:i + (1 << 16)])
+    time.sleep(0.001)
+os.close(w)
+if p.wait() != 0:
+    sys.exit("stdin: exit %d" % p.returncode)
+PY
+same "$TMP/src.img" "$TMP/nb.img"
 note "ok: pipes, null: and generators"
 echo "PASS"
