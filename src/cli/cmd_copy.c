@@ -1015,8 +1015,9 @@ copy_dst_is_new_image(const struct copy_args *a)
 }
 
 /* DST cannot already hold a --base: a new image, a raw file that does
- * not exist or is empty, raw bytes to '-' (written in order, so every
- * skipped block would read as zeroes), or a fresh memory: disk. Chunked
+ * not exist or is empty, raw bytes to '-', a FIFO or a character device
+ * (written in order, so every skipped block would read as zeroes), or a
+ * fresh memory: disk. Chunked
  * frames are not: the receiver applies them to what it holds. */
 static bool
 copy_dst_holds_nothing(const struct copy_args *a)
@@ -1035,7 +1036,9 @@ copy_dst_holds_nothing(const struct copy_args *a)
   case TARGET_FILE:
     if (stat(t.arg, &st) < 0)
       return errno == ENOENT;
-    return S_ISREG(st.st_mode) && st.st_size == 0;
+    /* A FIFO or character device is written in order, as '-' is. */
+    return (S_ISREG(st.st_mode) && st.st_size == 0) ||
+           S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode);
   default:
     return false;
   }

@@ -477,6 +477,10 @@ eng_issue_one(struct engine *e)
     return false;
   if (eng_plan(e, &len, &zero) != PLAN_OK)
     return false;
+  if (e->pos < e->replay_end && len > e->replay_end - e->pos)
+    len = e->replay_end - e->pos; /* a replay ends where the first run did:
+                                     past it, bytes are new, counted and
+                                     hashed (a piece boundary: aligned) */
   if (zero) {
     if (e->zero_active >= COPY_MAX_ZERO_INFLIGHT)
       return false;

@@ -59,7 +59,8 @@ eng_progress(struct engine *e, bool final)
     if (!final && now - e->t_last_print_us < 1000000)
       return;
     uint64_t rc = e->src->reconnects + (e->dst ? e->dst->reconnects : 0);
-    uint64_t rs = e->src->resent_bytes + (e->dst ? e->dst->resent_bytes : 0);
+    uint64_t rs = e->src->resent_bytes + (e->dst ? e->dst->resent_bytes : 0) +
+                  e->replayed;
     fprintf(stderr,
             "{\"phase\": \"%s\", \"done\": %llu, \"total\": %llu, "
             "\"percent\": %.1f, \"seconds\": %.2f, \"mib_per_s\": %.1f, "

@@ -62,9 +62,21 @@ end_copy () {
     mv "$TMP/err.lines" "$TMP/err"
 }
 
+# counts_add_up NAME: the report's copied, zeroed and skipped bytes make
+# its total (after a rewind, replays are counted once, and none is lost).
+counts_add_up () {
+    python3 - "$TMP/out" "$1" <<'PY' || fail "$1: the report's counts do not add up: $(cat "$TMP/out")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+n = d["bytes_copied"] + d["bytes_zeroed"] + d["bytes_skipped"]
+sys.exit(0 if n == d["bytes_total"] else 1)
+PY
+}
+
 # expect_resumed NAME: the copy succeeded after at least one reconnection.
 expect_resumed () {
     [ "$rc" = 0 ] || fail "$1: exit $rc: $(cat "$TMP/err")"
+    counts_add_up "$1"
     grep -q '"reconnects": [1-9]' "$TMP/out" ||
         fail "$1: no reconnection counted: $(cat "$TMP/out")"
     grep -q '"verified": true' "$TMP/out" || fail "$1: not verified"
@@ -101,6 +113,7 @@ kit_at "$dsock" --filter=delay --filter=cache file "$TMP/dst.img" \
     wdelay=100ms cache=writeback
 end_copy
 [ "$rc" = 0 ] || fail "a destination that lost its cache: exit $rc: $(cat "$TMP/err")"
+counts_add_up "a destination that lost its cache"
 grep -q "acknowledged on the lost connection but not flushed: writing them again" \
     "$TMP/err" || fail "no line says the unflushed writes go again: $(cat "$TMP/err")"
 same "$TMP/src.img" "$TMP/dst.img"

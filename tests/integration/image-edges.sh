@@ -66,14 +66,15 @@ rc=0
     [ ! -e "$TMP/nb.vhd" ] ||
     fail "--base into a new image: status $rc: $(cat "$TMP/err")"
 # The same for a raw DST that holds nothing (a file that does not exist,
-# an empty one, '-'): the unchanged blocks would read as zeroes. One that
+# an empty one, '-', a FIFO): the unchanged blocks would read as zeroes. One that
 # holds BASE gets only the change.
 cp "$TMP/src.raw" "$TMP/mod.raw"
 printf 'XXXX' | dd of="$TMP/mod.raw" bs=1 seek=3000000 conv=notrunc status=none
 : >"$TMP/empty.raw"
-for dst in "$TMP/nb.raw" "$TMP/empty.raw" -; do
+mkfifo "$TMP/fifo"
+for dst in "$TMP/nb.raw" "$TMP/empty.raw" - "$TMP/fifo"; do
     rc=0
-    "$NBDFLOW" copy --base "$TMP/src.raw" "$TMP/mod.raw" "$dst" \
+    timeout 30 "$NBDFLOW" copy --base "$TMP/src.raw" "$TMP/mod.raw" "$dst" \
         >"$TMP/out" 2>"$TMP/err" || rc=$?
     [ "$rc" = 1 ] && grep -q "cannot already hold BASE" "$TMP/err" &&
         [ ! -s "$TMP/out" ] ||
