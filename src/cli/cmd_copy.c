@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "cli/cmd.h"
 #include "copy/endpoint.h"
@@ -1153,6 +1154,36 @@ copy_checkpoint_commit(void *arg, uint64_t below, char *err, size_t errlen)
   return journal_commit(arg, below, err, errlen);
 }
 
+/* The journal's source side: SRC's name, size and identity, and for an
+ * image with parents (a differencing VHD, a qcow2 with a backing file)
+ * the identity of each of them too, folded into the recorded time, so
+ * that a parent replaced between runs is caught like a changed source. */
+static int
+copy_journal_src(const struct copy_args *a, const struct copy_session *s,
+                 struct journal_side *side, char *err, size_t errlen)
+{
+  int r = journal_side_init(side, a->src, true, s->src->size, err, errlen);
+  struct image *img = endpoint_image(s->src);
+  if (r < 0 || img == NULL || img->ops->info == NULL)
+    return r;
+  struct image_info in;
+  img->ops->info(img, &in, false);
+  for (int i = 0; i < in.nparents; i++) {
+    struct stat st;
+    uint64_t id[4] = { (uint64_t)i, 0, 0, 0 };
+    if (stat(in.parents[i], &st) == 0) {
+      id[1] = (uint64_t)st.st_dev;
+      id[2] = (uint64_t)st.st_ino;
+      id[3] = (uint64_t)st.st_mtim.tv_sec * 1000000000 +
+              (uint64_t)st.st_mtim.tv_nsec;
+    }
+    /* Kept a non-negative number, as the journal records times. */
+    side->mtime_ns = (int64_t)(((uint64_t)side->mtime_ns ^
+                                XXH3_64bits(id, sizeof id)) & INT64_MAX);
+  }
+  return 0;
+}
+
 static void
 copy_checkpoint_stream(const struct copy_args *a)
 {
@@ -1174,8 +1205,7 @@ copy_checkpoint_precheck(const struct copy_args *a,
     copy_checkpoint_stream(a);
     return -1;
   }
-  if (journal_side_init(&src, a->src, true, s->src->size, err,
-                        sizeof err) < 0 ||
+  if (copy_journal_src(a, s, &src, err, sizeof err) < 0 ||
       journal_precheck(a->checkpoint, &src, a->dst,
                        copy_dst_format(a) <= IMAGE_FORMAT_RAW, err,
                        sizeof err) < 0) {
@@ -1198,8 +1228,7 @@ copy_checkpoint_open(struct copy_args *a, struct copy_session *s,
     copy_checkpoint_stream(a);
     return -1;
   }
-  if (journal_side_init(&src, a->src, true, s->src->size, err,
-                        sizeof err) < 0 ||
+  if (copy_journal_src(a, s, &src, err, sizeof err) < 0 ||
       journal_side_init(&dst, a->dst, false, s->dst->size, err,
                         sizeof err) < 0 ||
       journal_open(a->checkpoint, &src, &dst, out, &done, err,

@@ -8,7 +8,7 @@
 # - a journal that names a source modified since, another destination or
 #   a destination of another size, or that is damaged, is refused, and a
 #   refusal leaves a local destination untouched; so is a raw
-#   destination cut since;
+#   destination cut since, and a VHD source whose parent changed;
 # - a finished journal: running again copies nothing.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -151,6 +151,21 @@ refused "a destination cut since" "as destination .*another size" \
     --checkpoint "$TMP/j4" "$suri" "$TMP/local.img"
 [ "$(stat -c %s "$TMP/local.img")" = $((10 * MiB)) ] ||
     fail "a refused journal still resized the destination"
+
+# 6. A differencing VHD: its parent is part of the source. One replaced
+# or changed between runs makes the journal another copy's, even when the
+# child file is the same: refused, not "continued" (here, a finished
+# journal would copy nothing).
+G=$(dirname "$0")/vhdgen.py
+python3 "$G" make "$TMP/pp.vhd" --type dynamic --size 8M --data all --seed 1 \
+    >/dev/null || fail "vhdgen parent"
+python3 "$G" make "$TMP/cc.vhd" --type diff --parent "$TMP/pp.vhd" \
+    --data "block:1" --seed 3 >/dev/null || fail "vhdgen child"
+check "a checkpointed copy of a VHD chain" "$NBDFLOW" copy --checkpoint \
+    "$TMP/j8" "vhd:$TMP/cc.vhd" "$TMP/cc.raw"
+touch -d "2001-01-01" "$TMP/pp.vhd"
+refused "a parent modified since" "a file modified since" \
+    --checkpoint "$TMP/j8" "vhd:$TMP/cc.vhd" "$TMP/cc.raw"
 
 # Usage errors.
 for args in "--checkpoint $TMP/j5 $TMP/src.img -" \
