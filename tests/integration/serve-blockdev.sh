@@ -56,7 +56,9 @@ check "nbdflow copy --verify of a qcow2 onto a block device" \
 check "qemu-img compare of the qcow2 on the device" \
     qemu-img compare -q -f raw -F qcow2 "$TMP/sparse.img" "$dev"
 if can_strace; then
-    strace -f -qq -e trace=fdatasync,fsync -o "$TMP/st.q" "$NBDFLOW" copy \
+    # LeakSanitizer cannot run under ptrace.
+    ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
+        strace -f -qq -e trace=fdatasync,fsync -o "$TMP/st.q" "$NBDFLOW" copy \
         "$TMP/sparse.img" "$dev" --dst-format qcow2 ||
         fail "traced qcow2 copy onto the device"
     grep -q "fdatasync(" "$TMP/st.q" ||
