@@ -288,14 +288,20 @@ tls_recv_record(struct tls_session *ts, void *buf, size_t len)
   return -EPROTO;
 }
 
+/* Bytes of records one tls_recv takes at most: a peer sending records
+ * of one byte would otherwise have a single call decrypt millions. */
+#define TLS_RECV_WIRE_MAX (1024 * 1024)
+
 /* Fills buf with as many records as have arrived, so that a large
- * payload costs the caller one call rather than one per record. An error
- * after some bytes is kept for the next call; an EOF recurs by itself. */
+ * payload costs the caller one call rather than one per record, up to
+ * TLS_RECV_WIRE_MAX of them. An error after some bytes is kept for the
+ * next call; an EOF recurs by itself. */
 static ssize_t
 tls_recv(struct transport *t, void *buf, size_t len)
 {
   struct tls_session *ts = t->priv;
   size_t done = 0;
+  uint64_t taken0 = ts->rx_taken;
 
   if (ts->rx_err) {
     int e = ts->rx_err;
@@ -303,6 +309,8 @@ tls_recv(struct transport *t, void *buf, size_t len)
     return e;
   }
   while (done < len) {
+    if (done > 0 && ts->rx_taken - taken0 >= TLS_RECV_WIRE_MAX)
+      break;
     ssize_t n = tls_recv_record(ts, (uint8_t *)buf + done, len - done);
     if (n > 0) {
       done += (size_t)n;
@@ -459,6 +467,13 @@ tls_pending(struct transport *t)
   return gnutls_record_check_pending(ts->s) + (ts->rx_len - ts->rx_off);
 }
 
+static uint64_t
+tls_wire_in(struct transport *t)
+{
+  struct tls_session *ts = t->priv;
+  return ts->rx_taken;
+}
+
 static int
 tls_shutdown(struct transport *t)
 {
@@ -494,6 +509,7 @@ static const struct transport_ops tls_ops = {
   .sendv = tls_sendv,
   .flush = tls_flush,
   .pending = tls_pending,
+  .wire_in = tls_wire_in,
   .shutdown = tls_shutdown,
   .free = tls_free,
 };

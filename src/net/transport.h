@@ -12,6 +12,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 
@@ -32,6 +33,10 @@ struct transport_ops {
   /* Bytes already decoded and waiting inside the transport, which epoll
    * cannot see (TLS). */
   size_t (*pending)(struct transport *t);
+  /* Optional: bytes taken from the socket so far, framing included, where
+   * they differ from what recv returns (TLS: a record of one byte costs
+   * a whole record's work). A reader's fair share counts these. */
+  uint64_t (*wire_in)(struct transport *t);
   /* Orderly end (TLS close_notify, then shutdown(2)). */
   int (*shutdown)(struct transport *t);
   /* Frees the transport's state; does not close fd. */
@@ -43,6 +48,13 @@ struct transport {
   int fd;     /* owned by whoever created the transport */
   void *priv; /* transport-specific state, owned by the transport */
 };
+
+/* t->ops->wire_in, or 0 for a transport whose recv counts its wire. */
+static inline uint64_t
+transport_wire_in(struct transport *t)
+{
+  return t->ops->wire_in ? t->ops->wire_in(t) : 0;
+}
 
 /* Plain sockets. t->fd must be set; priv is unused. */
 extern const struct transport_ops transport_plain_ops;

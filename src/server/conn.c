@@ -385,12 +385,16 @@ void
 conn_read(struct conn *c)
 {
   size_t turn = 0;
+  /* Over TLS the turn counts the records' bytes too: a flood of tiny
+   * records costs a record's work per byte. */
+  uint64_t wire0 = transport_wire_in(&c->t);
   if (c->state == CS_REQ_PART && !c->dead && transmission_part_next(c) < 0) {
     conn_close(c, NULL);
     return;
   }
   while (conn_may_read(c)) {
-    if (turn >= SERVER_TURN_BYTES) {
+    uint64_t wire = transport_wire_in(&c->t) - wire0;
+    if (turn >= SERVER_TURN_BYTES || wire >= SERVER_TURN_BYTES) {
       c->yielded = true;
       conn_resume(c);
       return;
