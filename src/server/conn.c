@@ -511,8 +511,12 @@ conn_on_event(struct loop *l, int fd, uint32_t events, void *arg)
     return;
   } else if (events & EPOLLOUT) {
     /* The handshake's last reply may still be queued when transmission
-     * has begun: it goes first. */
-    int r = c->hs_out_len ? handshake_flush(c) : transmission_flush(c);
+     * has begun: it goes first. Before an export is chosen it is all
+     * handshake, even with nothing left queued here: a TLS session may
+     * hold the last records (its flush said EAGAIN), and only
+     * handshake_flush closes after ABORT once they are out. */
+    int r = c->hs_out_len || c->exp == NULL ? handshake_flush(c)
+                                            : transmission_flush(c);
     if (r < 0) {
       conn_close(c, NULL);
       return;
