@@ -103,6 +103,8 @@ int
 server_adopt(struct server *s, int fd, const struct transport *tls,
              struct export *dflt)
 {
+  if (server_stopping(s))
+    return -ESHUTDOWN; /* the loops drain: one may have stopped already */
   pthread_mutex_lock(&s->lock);
   struct sloop *sl = &s->loops[0];
   for (int i = 1; i < s->nloops; i++)
@@ -378,6 +380,7 @@ server_on_signal(struct loop *l, int fd, uint32_t events, void *arg)
     close(s->listen_fds[i]);
   }
   s->nlisten = 0;
+  xapi_stop_listening(s);
   server_unlink_unix(s); /* the path is free for a successor now */
   __atomic_store_n(&s->stop_deadline_ms, loop_now_ms() + SERVER_STOP_GRACE_MS,
                    __ATOMIC_RELEASE);

@@ -579,6 +579,12 @@ xs_nbd(struct xsess *ss, const char *name)
     xs_refuse(ss, 404, "Not Found", "no export \"%s\"", name);
     return;
   }
+  if (server_stopping(ss->x->s)) {
+    /* Its loops drain and stop: none would take the connection. */
+    xs_refuse(ss, 503, "Service Unavailable", "the server is shutting "
+              "down");
+    return;
+  }
   xs_answer(ss, 200, "OK", "Transfer-encoding: nbd\r\n", NULL);
   /* The content length of 0 told nothing: NBD follows at once, inside
    * the HTTPS session when there is one (the connection takes it). */
@@ -862,7 +868,7 @@ xapi_tick(struct server *s)
 }
 
 void
-xapi_stop(struct server *s)
+xapi_stop_listening(struct server *s)
 {
   struct xapi *x = s->xapi;
   if (x == NULL)
@@ -871,6 +877,16 @@ xapi_stop(struct server *s)
     loop_del(x->loop, x->fds[i]);
     close(x->fds[i]);
   }
+  x->nfds = 0;
+}
+
+void
+xapi_stop(struct server *s)
+{
+  struct xapi *x = s->xapi;
+  if (x == NULL)
+    return;
+  xapi_stop_listening(s);
   pthread_mutex_lock(&x->lock);
   x->stopping = true;
   for (struct xsess *ss = x->sessions; ss; ss = ss->next)

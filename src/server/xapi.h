@@ -27,5 +27,8 @@ void xapi_stop(struct server *s);
 /* The main loop's tick: listeners paused for want of fds listen again
  * after a second. */
 void xapi_tick(struct server *s);
+/* The first stop signal: the listeners close at once, as the NBD ones
+ * do; sessions already open go on until xapi_stop. Main loop thread. */
+void xapi_stop_listening(struct server *s);
 
 #endif

@@ -136,4 +136,29 @@ timeout 60 "$NBDFLOW" copy "$TMP/src.img" "chunked+tcp://127.0.0.1:$CPORT" \
 expect_log "beyond the export's end"
 note "ok: reset by the receiver: $(cat "$TMP/err")"
 serve_stop
+
+# SIGTERM closes the http listener with the NBD one: while the server
+# drains (an NBD client holds it in its handshake), no new upload and no
+# NBD-over-HTTP connection is taken.
+HPORT=$(free_port)
+serve_tcp --http "127.0.0.1:$HPORT" "disk=$TMP/exp.img"
+check "http listener closed at SIGTERM" python3 - "$PORT" "$HPORT" \
+    "$SERVER_PID" <<'PY'
+import os, signal, socket, sys, time
+nbd, http, pid = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+held = socket.create_connection(("127.0.0.1", nbd))  # a handshake, unfinished
+held.recv(18)
+os.kill(pid, signal.SIGTERM)
+time.sleep(0.5)
+try:
+    s = socket.create_connection(("127.0.0.1", http), 2)
+except ConnectionRefusedError:
+    sys.exit(0)
+s.sendall(b"PUT /nbd/disk HTTP/1.1\r\n\r\n")
+s.settimeout(3)
+sys.exit("the http listener still took a connection after SIGTERM: %r"
+         % s.recv(200))
+PY
+wait "$SERVER_PID" || fail "server exit status $? after SIGTERM"
+forget_pid "$SERVER_PID"
 note "ok: bad input on xapi's transports"
