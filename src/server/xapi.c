@@ -514,6 +514,12 @@ xs_import(struct xsess *ss, const struct http_request *rq)
     xs_refuse(ss, 403, "Forbidden", "export \"%s\" is read-only", vdi);
     return;
   }
+  if (server_stopping(ss->x->s)) {
+    /* It would be cut at the stop's deadline, whatever its size. */
+    xs_refuse(ss, 503, "Service Unavailable", "the server is shutting "
+              "down");
+    return;
+  }
   if (!rq->chunked && !rq->has_length) {
     xs_refuse(ss, 411, "Length Required", "a raw body needs a "
               "Content-Length (or send Chunked with a 'chunked' key)");
@@ -695,6 +701,10 @@ xs_thread(void *arg)
   }
   pthread_mutex_destroy(&ss->wlock);
   pthread_cond_destroy(&ss->wcond);
+  /* Before the count below lets xapi_stop free x (and the server go):
+   * nothing after the broadcast may touch either. */
+  if (!ss->handed_over)
+    server_release_slot(x->s);
   pthread_mutex_lock(&x->lock);
   if (ss->prev)
     ss->prev->next = ss->next;
@@ -714,8 +724,6 @@ xs_thread(void *arg)
   x->active--;
   pthread_cond_broadcast(&x->idle);
   pthread_mutex_unlock(&x->lock);
-  if (!ss->handed_over)
-    server_release_slot(x->s);
   free(ss);
   return NULL;
 }

@@ -139,26 +139,47 @@ serve_stop
 
 # SIGTERM closes the http listener with the NBD one: while the server
 # drains (an NBD client holds it in its handshake), no new upload and no
-# NBD-over-HTTP connection is taken.
+# NBD-over-HTTP connection is taken; a /nbd whose head was still coming
+# gets 503. An upload under way when the signal came is cut at the
+# deadline, and the server still exits 0 (its session thread used to end
+# after the xapi state was freed: a crash).
 HPORT=$(free_port)
 serve_tcp --http "127.0.0.1:$HPORT" "disk=$TMP/exp.img"
-check "http listener closed at SIGTERM" python3 - "$PORT" "$HPORT" \
-    "$SERVER_PID" <<'PY'
+check "http at SIGTERM" python3 - "$PORT" "$HPORT" "$SERVER_PID" <<'PY'
 import os, signal, socket, sys, time
 nbd, http, pid = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 held = socket.create_connection(("127.0.0.1", nbd))  # a handshake, unfinished
 held.recv(18)
+up = socket.create_connection(("127.0.0.1", http))  # an upload under way
+up.sendall(b"PUT /import_raw_vdi?vdi=disk&format=raw HTTP/1.1\r\n"
+           b"Content-Length: 4194304\r\n\r\n" + b"\1" * 4096)
+late = socket.create_connection(("127.0.0.1", http))  # a head not done
+late.sendall(b"PUT /nbd/disk HTTP/1.1\r\n")
+time.sleep(0.3)
 os.kill(pid, signal.SIGTERM)
-time.sleep(0.5)
-try:
-    s = socket.create_connection(("127.0.0.1", http), 2)
-except ConnectionRefusedError:
-    sys.exit(0)
-s.sendall(b"PUT /nbd/disk HTTP/1.1\r\n\r\n")
-s.settimeout(3)
-sys.exit("the http listener still took a connection after SIGTERM: %r"
-         % s.recv(200))
+refused = False
+for _ in range(40):  # the signal is handled within the grace, loaded or not
+    try:
+        s = socket.create_connection(("127.0.0.1", http), 1)
+        s.close()
+        time.sleep(0.1)
+    except ConnectionRefusedError:
+        refused = True
+        break
+if not refused:
+    sys.exit("the http listener still took connections after SIGTERM")
+late.sendall(b"\r\n")
+late.settimeout(5)
+ans = late.recv(200)
+if not ans.startswith(b"HTTP/1.1 503"):
+    sys.exit("a /nbd head finished after SIGTERM: %r" % ans)
+try:  # trickle the upload until the server cuts it
+    for _ in range(100):
+        up.sendall(b"\1" * 512)
+        time.sleep(0.1)
+except OSError:
+    pass
 PY
-wait "$SERVER_PID" || fail "server exit status $? after SIGTERM"
+wait "$SERVER_PID" || fail "server exit status $? after SIGTERM with an upload under way"
 forget_pid "$SERVER_PID"
 note "ok: bad input on xapi's transports"
