@@ -1403,6 +1403,16 @@ cmd_copy(int argc, char **argv)
   uint32_t alloc_block = copy_alloc_block(&a);
   if (a.checkpoint && copy_checkpoint_precheck(&a, &s, alloc_block) < 0)
     goto out; /* before the scan of the source, and DST's open */
+  if (alloc_block) {
+    struct target dt;
+    target_parse(a.dst, false, &dt);
+    if (endpoint_image_out_check(a.dst, dt.kind == TARGET_FILE ? dt.arg
+                                                               : NULL,
+                                 copy_dst_format(&a), err, sizeof err) < 0) {
+      log_error("%s", err); /* before the scan reads the whole source */
+      goto out;
+    }
+  }
   if (alloc_block &&
       copy_alloc_scan(&a, &s, &alloc, copy_dst_format(&a), alloc_block) < 0)
     goto out;

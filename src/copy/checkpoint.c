@@ -125,7 +125,10 @@ eng_checkpoint(struct engine *e)
 {
   uint64_t now = loop_now_us();
   bool journal = e->o->checkpoint != NULL;
-  if (e->dst == NULL || (!journal && !e->dst->retries) || e->failed ||
+  /* --retry alone flushes to bound a rewind, unless --no-flush says no
+   * FLUSH at all: a loss then rewinds to the start. */
+  if (e->dst == NULL ||
+      (!journal && (!e->dst->retries || e->o->no_flush)) || e->failed ||
       e->abandoned || e->finished || e->ckpt_busy || e->flushing ||
       now - e->t_last_ckpt_us < (journal ? e->o->checkpoint_us
                                          : ENG_DURABLE_US))

@@ -361,6 +361,11 @@ int endpoint_open_nbd(struct ep_env *env, const char *spec,
 /* Returns -ENOENT, writing nothing, when spec names no generator. */
 int endpoint_open_gen(struct ep_env *env, const char *spec,
                       struct endpoint **out, char *err, size_t errlen);
+/* Whether an image of format f may be written as a stream to path
+ * (NULL: stdout): 0, or -errno with why in err (a VHD onto a block
+ * device: its footer must end the file). Before anything is read. */
+int endpoint_image_out_check(const char *spec, const char *path,
+                             enum image_format f, char *err, size_t errlen);
 /* An image in format f (a dynamic VHD, a qcow2) written in one forward
  * pass (format/image.h's writer) into path, or stdout when path is NULL;
  * o->create_size is the disk's size, o->alloc its allocation. */

@@ -87,6 +87,24 @@ static const struct endpoint_ops image_out_ops = {
 };
 
 int
+endpoint_image_out_check(const char *spec, const char *path,
+                         enum image_format f, char *err, size_t errlen)
+{
+  struct stat dev;
+  if (f == IMAGE_FORMAT_VHD && path && stat(path, &dev) == 0 &&
+      S_ISBLK(dev.st_mode)) {
+    /* A reader finds a VHD's footer at the end of the file: on a
+     * device larger than the image it would find the device's old
+     * bytes there. */
+    snprintf(err, errlen, "%s: a block device: a VHD is written to a file "
+             "or '-' (its footer must end the file); a qcow2 may go onto "
+             "a device, or copy it raw", spec);
+    return -ENOTSUP;
+  }
+  return 0;
+}
+
+int
 endpoint_open_image_out(struct ep_env *env, const char *spec,
                         const char *path, enum image_format f,
                         const struct endpoint_opts *o, struct endpoint **out,
@@ -104,17 +122,9 @@ endpoint_open_image_out(struct ep_env *env, const char *spec,
              image_writer_block(f));
     return -EINVAL;
   }
-  struct stat dev;
-  if (f == IMAGE_FORMAT_VHD && path && stat(path, &dev) == 0 &&
-      S_ISBLK(dev.st_mode)) {
-    /* A reader finds a VHD's footer at the end of the file: on a
-     * device larger than the image it would find the device's old
-     * bytes there. */
-    snprintf(err, errlen, "%s: a block device: a VHD is written to a file "
-             "or '-' (its footer must end the file); a qcow2 may go onto "
-             "a device, or copy it raw", spec);
-    return -ENOTSUP;
-  }
+  int r0 = endpoint_image_out_check(spec, path, f, err, errlen);
+  if (r0 < 0)
+    return r0;
   struct image_out *v = calloc(1, sizeof *v);
   if (v == NULL) {
     snprintf(err, errlen, "%s: out of memory", spec);

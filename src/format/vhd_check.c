@@ -79,9 +79,10 @@ ck_footer_copy(struct ck *k, const struct vhd_level *l)
   if (!c.checksum_ok)
     ck_say(k, true, "the footer copy at offset 0 has a wrong checksum "
            "(0x%08x)", c.checksum);
-  if (l->footer_len == VHD_FOOTER_LEN &&
-      vhd_lv_read(l, end, sizeof end, l->file_size - VHD_FOOTER_LEN) == 0 &&
-      memcmp(copy, end, sizeof end) == 0)
+  bool have_end = l->footer_len == VHD_FOOTER_LEN &&
+                  vhd_lv_read(l, end, sizeof end,
+                              l->file_size - VHD_FOOTER_LEN) == 0;
+  if (have_end && memcmp(copy, end, sizeof end) == 0)
     return;
   const char *field = c.current_size != l->f.current_size ? "current size"
                       : c.disk_type != l->f.disk_type     ? "disk type"
@@ -90,7 +91,7 @@ ck_footer_copy(struct ck *k, const struct vhd_level *l)
                       : c.timestamp != l->f.timestamp     ? "timestamp"
                                                           : NULL;
   char other[64];
-  if (field == NULL && l->footer_len == VHD_FOOTER_LEN) {
+  if (field == NULL && have_end) {
     /* Another field: name the first byte that differs (64-67: the
      * checksum, which differs when either copy was damaged). */
     size_t i = 0;

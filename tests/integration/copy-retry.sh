@@ -104,13 +104,15 @@ kit_kill
 # landed (no --verify here: only the final cmp can tell).
 rm -f "$TMP/dst.img"
 truncate -s 16M "$TMP/dst.img"
+# Writes of 250 ms: the copy lasts seconds, so the kill lands inside it
+# even on a loaded machine.
 kit_at "$dsock" --filter=delay --filter=cache file "$TMP/dst.img" \
-    wdelay=100ms cache=writeback
+    wdelay=250ms cache=writeback
 start_copy --retry 5,0.3 "$TMP/src.img" "$(uri "$dsock")"
 kit_kill
 sleep 0.5
 kit_at "$dsock" --filter=delay --filter=cache file "$TMP/dst.img" \
-    wdelay=100ms cache=writeback
+    wdelay=250ms cache=writeback
 end_copy
 [ "$rc" = 0 ] || fail "a destination that lost its cache: exit $rc: $(cat "$TMP/err")"
 counts_add_up "a destination that lost its cache"
