@@ -619,7 +619,12 @@ static int
 info_file(const struct info_args *a)
 {
   struct target t;
+  char why[512];
   target_parse(a->target, false, &t);
+  if (target_check_prefix(&t, a->target, why, sizeof why) < 0) {
+    log_error("%s", why);
+    return 1;
+  }
   if (t.kind != TARGET_FILE)
     t.arg = a->target; /* "null:x", "memory:x", "-": a file of that name */
   struct image_opts io = {

@@ -708,6 +708,9 @@ endpoint_open(struct ep_env *env, const char *spec,
   }
   struct target t;
   target_parse(spec, !o->write, &t);
+  int r = target_check_prefix(&t, spec, err, errlen);
+  if (r < 0)
+    return r;
   if (o->write && o->protocol == EP_PROTO_CHUNKED)
     return chunked_file_open(env, spec, &t, o, out, err, errlen);
   switch (t.kind) {

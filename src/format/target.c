@@ -1,6 +1,8 @@
 /* target.c: see target.h. */
 #include "format/target.h"
 
+#include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "proto/nbd_uri.h"
@@ -47,4 +49,16 @@ target_parse(const char *spec, bool gen, struct target *t)
   }
   if (t->format_given && strcmp(t->arg, "-") == 0)
     t->kind = TARGET_PIPE; /* "vhd:-": stdin or stdout, as "-" is */
+}
+
+int
+target_check_prefix(const struct target *t, const char *spec, char *err,
+                    size_t errlen)
+{
+  if (t->kind != TARGET_FILE || !t->format_given || !uri_is_uri(t->arg))
+    return 0;
+  snprintf(err, errlen, "%s: a format prefix names a local file, not a "
+           "URI; over NBD the format is an option (copy --src-format FMT, "
+           "info and sum -f FMT)", spec);
+  return -EINVAL;
 }

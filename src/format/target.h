@@ -5,6 +5,7 @@
 #define NBDFLOW_FORMAT_TARGET_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "format/image.h"
 
@@ -32,5 +33,10 @@ struct target {
  * true (copy and sum sources), so a file may be called "zero:x" where a
  * generated source makes no sense. Never fails: anything else is a path. */
 void target_parse(const char *spec, bool gen, struct target *t);
+/* A format prefix before a URI ("qcow2:nbd://h/x"): a prefix names a
+ * local file, so this one would be a path that is not there. Writes
+ * what to do instead into err and returns -EINVAL; else 0. */
+int target_check_prefix(const struct target *t, const char *spec, char *err,
+                        size_t errlen);
 
 #endif

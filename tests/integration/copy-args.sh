@@ -116,6 +116,15 @@ refused 2 "--tls-verify-peer applies to an https:// DESTINATION" \
     copy --tls-verify-peer false "$TMP/src.img" "$TMP/tv.img"
 [ ! -e "$TMP/tv.img" ] || fail "a refused copy created its destination"
 
+# A format prefix names a local file: before a URI it is refused with
+# what to write instead, not opened as a path that is not there.
+refused 1 "a format prefix names a local file, not a URI" \
+    copy "qcow2:nbd://127.0.0.1:1/x" "$TMP/px.img"
+refused 1 "a format prefix names a local file, not a URI" \
+    info "vhd:nbd://127.0.0.1:1/x"
+refused 1 "a format prefix names a local file, not a URI" \
+    sum "qcow2:nbd+unix:///x?socket=$TMP/none.sock"
+
 # Output that cannot be written (a full disk) fails, with one line.
 for args in "--version" "copy --help" "sum $TMP/src.img" \
             "copy --json $TMP/src.img null:" "info --json $TMP/src.img"; do
