@@ -141,23 +141,9 @@ static int
 file_pwrite_all(int fd, const uint8_t *buf, size_t len, uint64_t off,
                 bool pipe)
 {
-  while (len > 0) {
-    ssize_t n = pipe ? write(fd, buf, len) : pwrite(fd, buf, len, (off_t)off);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n < 0 && errno == EAGAIN && pipe) {
-      int r = file_wait_ready(fd, POLLOUT);
-      if (r < 0)
-        return -r;
-      continue;
-    }
-    if (n < 0)
-      return errno;
-    buf += n;
-    off += (uint64_t)n;
-    len -= (size_t)n;
-  }
-  return 0;
+  /* fileio's loops, as a positive errno; a stream waits on EAGAIN. */
+  return pipe ? -file_write_stream(fd, buf, len)
+              : -file_pwrite_full(fd, buf, len, off);
 }
 
 /* Writes into a file known to read as zeroes, skipping zero blocks, so
