@@ -248,6 +248,11 @@ serve_tcp () {
     local try rc
     for try in 1 2 3; do
         PORT=$(free_port) || fail "no free port"
+        # Not a port the arguments name (--http HOST:PORT picked by
+        # free_port too, and not bound yet).
+        while [[ " $* " == *":$PORT "* ]]; do
+            PORT=$(free_port) || fail "no free port"
+        done
         URI=nbd://127.0.0.1:$PORT
         serve_launch --listen "127.0.0.1:$PORT" "$@"
         rc=$?
