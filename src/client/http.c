@@ -8,6 +8,7 @@
  * after it (an NBD greeting that came in the same segment) is taken from
  * the socket: it is a few hundred bytes once per connection. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -36,6 +37,34 @@ http_refusal_text(struct client_conn *c, char *out, size_t outlen)
                      k + 1 < outlen; i++)
     out[k++] = body[i] >= 0x20 && body[i] < 0x7f ? body[i] : '?';
   out[k] = '\0';
+}
+
+/* True, with why in msg, once the first have bytes of an answer cannot
+ * begin an HTTP status line: a TLS record (an https port reached with
+ * http://), an NBD greeting (an NBD port), or other bytes. Waiting for
+ * the end of a head that never comes would take the whole timeout. */
+static bool
+http_not_http(const char *resp, size_t have, char *msg, size_t msglen)
+{
+  static const char http[] = "HTTP/", nbd[] = "NBDMAGIC";
+  size_t k = have < 5 ? have : 5;
+  if (memcmp(resp, http, k) == 0)
+    return false;
+  if (have < 8 && memcmp(resp, nbd, have) == 0)
+    return false; /* perhaps an NBD greeting: read on to say so */
+  const unsigned char *b = (const unsigned char *)resp;
+  if (have >= 8 && memcmp(resp, nbd, 8) == 0)
+    snprintf(msg, msglen, "the server sent an NBD greeting, not an HTTP "
+             "answer: that port is an NBD server's (nbd://HOST:PORT/)");
+  else if ((b[0] == 0x15 || b[0] == 0x16) && have < 2)
+    return false;
+  else if ((b[0] == 0x15 || b[0] == 0x16) && b[1] == 0x03)
+    snprintf(msg, msglen, "the server answered in TLS, not plain HTTP: "
+             "that port wants https://");
+  else
+    snprintf(msg, msglen, "the answer to the PUT is not HTTP: it begins "
+             "with byte 0x%02x", b[0]);
+  return true;
 }
 
 int
@@ -102,6 +131,8 @@ again:;
       return r;
     }
     have++;
+    if (http_not_http(resp, have, c->errmsg, sizeof c->errmsg))
+      return -EPROTO;
     end = http_head_end(resp, have);
   }
   r = http_parse_response(resp, end, &rsp, err, sizeof err);

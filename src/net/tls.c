@@ -188,6 +188,21 @@ tls_pull(gnutls_transport_ptr_t ptr, void *buf, size_t len)
   return (ssize_t)k;
 }
 
+/* Why a client's handshake met no TLS at all, when the stream's first
+ * bytes are still in rx and say so (an HTTP answer, an NBD greeting);
+ * NULL otherwise. Only a hint for the error message. */
+static const char *
+tls_not_tls(const struct tls_session *ts)
+{
+  if (ts->server || ts->rx_taken > ts->rx_len)
+    return NULL; /* rx[0] is not the stream's first byte */
+  if (ts->rx_len >= 5 && memcmp(ts->rx, "HTTP/", 5) == 0)
+    return "the peer answered in plain HTTP, not TLS: http://?";
+  if (ts->rx_len >= 8 && memcmp(ts->rx, "NBDMAGIC", 8) == 0)
+    return "the peer sent an NBD greeting, not TLS: an NBD port?";
+  return NULL;
+}
+
 /* Calls to GnuTLS in a row that tls_again allows: a bound for a peer
  * that sends a flood of tiny records. Honest peers need a few. */
 #define TLS_AGAIN_MAX 1024
@@ -615,11 +630,16 @@ tls_handshake_step(struct transport *t, bool *want_write, char *err,
    * One try: the socket may be full, and this is a courtesy. */
   if (!hangup)
     gnutls_alert_send_appropriate(ts->s, r);
-  if (hangup) {
+  const char *plain = tls_not_tls(ts);
+  if (plain != NULL) {
+    snprintf(extra, sizeof extra, " (%s)", plain);
+  } else if (hangup) {
     /* A server with PSK alone shows no certificate to reject. */
     snprintf(extra, sizeof extra, " (the peer hung up%s)",
              ts->server && ts->x509 ? "; did it reject our certificate?"
-                                    : "");
+             : !ts->server && ts->rx_taken == 0
+                 ? " without a byte of TLS: is that port TLS at all?"
+                 : "");
   } else if (r == GNUTLS_E_RECEIVED_ILLEGAL_PARAMETER && ts->psk) {
     /* TLS 1.3 reports a PSK binder that does not verify this way. */
     snprintf(extra, sizeof extra, " (with PSK: an unknown username, or "

@@ -95,7 +95,18 @@ handshake_flags(struct conn *c)
   c->cflags = wire_decode_cflags(c->msg);
   uint32_t known = NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES;
   if (c->cflags & ~known) {
-    conn_log(c, "unknown client flags 0x%x", c->cflags & ~known);
+    /* Text or a TLS record where four flag bytes belong: name the
+     * protocol that reached the NBD port. */
+    const uint8_t *m = c->msg;
+    bool text = true;
+    for (int i = 0; i < 4; i++)
+      text = text && ((m[i] >= 'A' && m[i] <= 'Z') || m[i] == ' ');
+    conn_log(c, "unknown client flags 0x%x%s", c->cflags & ~known,
+             text ? " (text: an HTTP client at the NBD port?)"
+             : m[0] == 0x16 && m[1] == 0x03
+                 ? " (a TLS handshake: NBD starts TLS inside its own "
+                   "negotiation, nbds://)"
+                 : "");
     return -1;
   }
   conn_expect(c, CS_OPT_HDR, c->msg, NBD_OPT_HDR_LEN);

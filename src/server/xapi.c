@@ -153,6 +153,14 @@ xs_read_head(struct xsess *ss, char *buf, size_t cap, uint64_t deadline)
                "at the HTTP port?)", ss->peer);
       return -EPROTO;
     }
+    if (have == 0 && (unsigned char)buf[0] == 0x16 &&
+        ss->tp.ops == &transport_plain_ops) {
+      /* A TLS ClientHello holds no end of head: without this, the client
+       * would wait out the handshake timeout for an answer. */
+      log_warn("%s: http: a TLS handshake at a plain HTTP port (HTTPS "
+               "needs --tls and a certificate or PSK)", ss->peer);
+      return -EPROTO;
+    }
     have++;
     end = http_head_end(buf, have);
   }
@@ -607,6 +615,20 @@ xs_nbd(struct xsess *ss, const char *name)
     ss->handed_over = true;
 }
 
+/* Whether the first byte from the client, before TLS starts, is an
+ * ASCII capital (an HTTP method) where a ClientHello (0x16) belongs. */
+static bool
+xs_plain_at_https(struct xsess *ss, uint64_t deadline)
+{
+  struct pollfd pfd = { .fd = ss->fd, .events = POLLIN };
+  int left = xs_left(deadline);
+  if (left == 0 || poll(&pfd, 1, left) <= 0)
+    return false; /* the handshake below times out and says so */
+  unsigned char b;
+  ssize_t n = recv(ss->fd, &b, 1, MSG_PEEK);
+  return n == 1 && b >= 'A' && b <= 'Z';
+}
+
 static void
 xs_http(struct xsess *ss)
 {
@@ -614,6 +636,15 @@ xs_http(struct xsess *ss)
   uint64_t deadline = loop_now_ms() +
                       (uint64_t)(s->cfg.handshake_timeout > 0
                                      ? s->cfg.handshake_timeout : 30) * 1000;
+  static __thread char head[HTTP_MAX_HEAD];
+  if (s->tls && xs_plain_at_https(ss, deadline)) {
+    /* Answered in plain text, as a client that sent plain text reads
+     * it; its head is read first, so that the close sends no reset. */
+    if (xs_read_head(ss, head, sizeof head, deadline) >= 0)
+      xs_refuse(ss, 400, "Bad Request", "a plain HTTP request at an HTTPS "
+                "port: use https://");
+    return;
+  }
   if (s->tls) {
     char err[256];
     bool ww;
@@ -638,7 +669,6 @@ xs_http(struct xsess *ss)
       log_debug("%s: https: TLS established: %s", ss->peer, err);
     }
   }
-  static __thread char head[HTTP_MAX_HEAD];
   ssize_t n = xs_read_head(ss, head, sizeof head, deadline);
   if (n < 0)
     return;
