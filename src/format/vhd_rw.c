@@ -344,7 +344,8 @@ rw_write_whole(struct vhd_priv *p, uint32_t b, uint32_t e,
   struct vhd_level *l = &p->lv[0];
   int r = rw_put(l->fd, buf, n, (uint64_t)e * VHD_SECTOR + l->bitmap_len +
                                   in);
-  if (r < 0 || rw_full(l, b))
+  /* After the data, and ordered with it: see rw_clear_block. */
+  if (r < 0 || __atomic_load_n(&l->full[b], __ATOMIC_SEQ_CST))
     return r;
   pthread_mutex_t *lk = &p->rw->block_lock[b % VHD_RW_STRIPES];
   pthread_mutex_lock(lk);
@@ -450,9 +451,17 @@ rw_clear_block(struct vhd_priv *p, uint32_t b, uint64_t n, uint64_t off,
   if (r == 0 && edges && end % VHD_SECTOR && rw_bit(bm, (uint32_t)c1))
     r = rw_put(l->fd, NULL, end - c1 * VHD_SECTOR, data + c1 * VHD_SECTOR);
   /* The data first, then the bits: every state between reads as zeroes,
-   * to a reader that ignores bitmaps (qemu) too. */
-  if (r == 0 && c0 < c1)
+   * to a reader that ignores bitmaps (qemu) too. The block stops being
+   * full before the punch: a write of whole sectors that still finds it
+   * full afterwards (rw_write_whole, no lock) put its data before the
+   * punch, which removes it; one that finds it not full waits for this
+   * lock and sets its bits after these are cleared. Else such a write
+   * could land after the punch, skip its bits, and leave its data under
+   * bits cleared here: zeroes to us, the data to qemu. */
+  if (r == 0 && c0 < c1) {
+    __atomic_store_n(&l->full[b], 0, __ATOMIC_SEQ_CST);
     r = rw_punch(l->fd, (c1 - c0) * VHD_SECTOR, data + c0 * VHD_SECTOR);
+  }
   if (r == 0 && c0 < c1)
     r = rw_bits(l, b, e, bm, (uint32_t)c0, (uint32_t)c1, false);
 out:
