@@ -112,24 +112,59 @@ serve_tls_mode(const char *arg, enum tls_mode *mode)
   return 0;
 }
 
-/* A --listen address that cannot be one is a usage error, said before
- * any export is opened; one that does not resolve is found by listening. */
+/* An address that cannot be one is a usage error, said before any
+ * export is opened; one that does not resolve is found by listening.
+ * OPT names the option; DEFPORT is the port when none is given, or NULL
+ * where one is required. An empty host would be every interface: that
+ * is never the default, so it is written out (0.0.0.0, [::]). */
 static int
-serve_listen_check(const char *spec)
+serve_listen_check(const char *opt, const char *spec, const char *defport)
 {
   char host[256], port[32], *end;
-  if (sock_split_hostport(spec, host, port, "10809") < 0) {
-    log_error("bad --listen address \"%s\": want HOST:PORT, [IPV6]:PORT "
-              "or HOST", spec);
+  if (sock_split_hostport(spec, host, port, defport ? defport : "") < 0 ||
+      port[0] == '\0') {
+    log_error("bad %s address \"%s\": want HOST:PORT or [IPV6]:PORT%s", opt,
+              spec, defport ? ", or HOST" : "");
+    return -1;
+  }
+  if (host[0] == '\0') {
+    log_error("bad %s address \"%s\": no host (127.0.0.1 for this machine "
+              "alone; 0.0.0.0 or [::] for every interface)", opt, spec);
     return -1;
   }
   unsigned long pn = strtoul(port, &end, 10);
   if (port[0] < '0' || port[0] > '9' || *end || pn > 65535) {
-    log_error("bad --listen address \"%s\": the port must be a number "
-              "from 0 to 65535 (0: any free port)", spec);
+    log_error("bad %s address \"%s\": the port must be a number from 0 to "
+              "65535 (0: any free port)", opt, spec);
     return -1;
   }
   return 0;
+}
+
+/* The export arguments, before any is opened: each well formed, no
+ * name twice (a client could reach only the first). */
+static int
+serve_exports_check(char **args, int n)
+{
+  char err[512];
+  char(*names)[NBD_MAX_STRING + 1] = calloc((size_t)n, sizeof *names);
+  if (names == NULL) {
+    log_error("out of memory");
+    return -1;
+  }
+  int r = 0;
+  for (int i = 0; i < n && r == 0; i++) {
+    r = export_check(args[i], names[i], sizeof names[i], err, sizeof err);
+    if (r < 0)
+      log_error("%s", err);
+    for (int j = 0; j < i && r == 0; j++)
+      if (strcmp(names[j], names[i]) == 0) {
+        log_error("export name \"%s\" given twice", names[i]);
+        r = -1;
+      }
+  }
+  free(names);
+  return r;
 }
 
 /* Credentials without TLS, or TLS without credentials, are mistakes the
@@ -295,9 +330,20 @@ cmd_serve(int argc, char **argv)
     log_error("--listen and --unix exclude each other");
     return 2;
   }
-  if (cfg.listen && serve_listen_check(cfg.listen) < 0)
+  if ((cfg.listen && serve_listen_check("--listen", cfg.listen, "10809") <
+                         0) ||
+      (cfg.http_listen &&
+       serve_listen_check("--http", cfg.http_listen, NULL) < 0) ||
+      (cfg.chunked_listen &&
+       serve_listen_check("--chunked-listen", cfg.chunked_listen, NULL) < 0))
     return 2;
+  if (cfg.unix_path && cfg.unix_path[0] == '\0') {
+    log_error("--unix: an empty path");
+    return 2;
+  }
   if (serve_tls_check(&cfg) < 0)
+    return 2;
+  if (serve_exports_check(argv + optind, argc - optind) < 0)
     return 2;
   return server_run(&cfg, argv + optind, argc - optind);
 }

@@ -12,6 +12,7 @@
 #include "proto/nbd.h"
 #include "util/log.h"
 #include "util/size.h"
+#include "util/text.h"
 
 /* A path: an image in a format is served through the format layer
  * (read-write when the format writes in place), a raw file or device as
@@ -40,6 +41,75 @@ export_open_path(struct export *e, const struct target *t,
   return backend_image_open(e, img);
 }
 
+/* NBD's name and the target in an export argument: NAME=TARGET, unless
+ * the '=' belongs to a path ("./a=b" is a path, named as it is). */
+static const char *
+export_split(const char *arg, size_t *namelen)
+{
+  const char *eq = strchr(arg, '=');
+  if (eq && memchr(arg, '/', (size_t)(eq - arg)) == NULL) {
+    *namelen = (size_t)(eq - arg);
+    return eq + 1;
+  }
+  *namelen = strlen(arg);
+  return arg;
+}
+
+int
+export_check(const char *arg, char *name, size_t namecap, char *err,
+             size_t errlen)
+{
+  size_t nl;
+  const char *target = export_split(arg, &nl);
+  if (nl > NBD_MAX_STRING) {
+    snprintf(err, errlen, "export \"%.40s...\": name longer than %d bytes",
+             arg, NBD_MAX_STRING);
+    return -ENAMETOOLONG;
+  }
+  if (nl + 1 > namecap)
+    return -ENAMETOOLONG;
+  memcpy(name, arg, nl);
+  name[nl] = '\0';
+  if (!text_utf8_valid(name)) {
+    char shown[128];
+    size_t k = 0;
+    for (const unsigned char *p = (const unsigned char *)name;
+         *p && k + 5 < sizeof shown; p++)
+      k += (size_t)snprintf(shown + k, sizeof shown - k,
+                            *p >= 0x20 && *p < 0x7f ? "%c" : "\\x%02x", *p);
+    snprintf(err, errlen, "export \"%s\": the name is not UTF-8 text (NBD "
+             "names are)", shown);
+    return -EINVAL;
+  }
+  if (target[0] == '\0') {
+    snprintf(err, errlen, "export \"%s\": names no file or TARGET", arg);
+    return -EINVAL;
+  }
+  struct target t;
+  target_parse(target, false, &t);
+  if (t.kind == TARGET_FILE && t.format_given && t.arg[0] == '\0') {
+    snprintf(err, errlen, "export \"%s\": %s names no file after its "
+             "format", arg, target);
+    return -EINVAL;
+  }
+  if (target_check_prefix(&t, target, err, errlen) < 0)
+    return -EINVAL;
+  if (t.kind != TARGET_MEMORY && t.kind != TARGET_NULL)
+    return 0;
+  uint64_t size;
+  if (size_parse(t.arg, &size) < 0) {
+    snprintf(err, errlen, "export \"%s\": bad size \"%s\" (a number below "
+             "2^64 with an optional K, M, G, T, P or E)", arg, t.arg);
+    return -EINVAL;
+  }
+  if (size > (UINT64_C(1) << 62)) {
+    snprintf(err, errlen, "export \"%s\": size %s too large (4E at most)",
+             arg, t.arg);
+    return -EFBIG;
+  }
+  return 0;
+}
+
 static int
 export_open_target(struct export *e, const char *arg, const char *target,
                    const struct export_opts *o)
@@ -52,19 +122,10 @@ export_open_target(struct export *e, const char *arg, const char *target,
       t.arg = target; /* "-" or a URI-looking name: a path here */
     return export_open_path(e, &t, o);
   }
-  const char *kind = t.kind == TARGET_MEMORY ? "memory" : "null";
   const char *sz = t.arg;
-  int r = size_parse(sz, &size);
-  if (r < 0) {
-    log_error("export \"%s\": bad size \"%s\"", arg, sz);
-    return r;
-  }
-  if (size > (UINT64_C(1) << 62)) {
-    log_error("export \"%s\": size %s too large", arg, sz);
-    return -EFBIG;
-  }
-  if (kind[0] == 'm') {
-    r = backend_memory_open(e, size);
+  (void)size_parse(sz, &size); /* export_check took it */
+  if (t.kind == TARGET_MEMORY) {
+    int r = backend_memory_open(e, size);
     if (r < 0)
       log_error("export \"%s\": cannot reserve %s of memory: %s", arg, sz,
                 strerror(-r));
@@ -76,31 +137,23 @@ export_open_target(struct export *e, const char *arg, const char *target,
 int
 export_open(const char *arg, const struct export_opts *o, struct export **out)
 {
+  char name[NBD_MAX_STRING + 1], err[512];
+  int r = export_check(arg, name, sizeof name, err, sizeof err);
+  if (r < 0) {
+    log_error("%s", err);
+    return r;
+  }
   struct export *e = calloc(1, sizeof *e);
   if (e == NULL)
     return -ENOMEM;
   e->read_only = o->read_only;
-
-  /* NAME=TARGET, unless the '=' belongs to a path ("./a=b" is a path). */
-  const char *eq = strchr(arg, '=');
-  const char *target = arg;
-  if (eq && memchr(arg, '/', (size_t)(eq - arg)) == NULL) {
-    e->name = strndup(arg, (size_t)(eq - arg));
-    target = eq + 1;
-  } else {
-    e->name = strdup(arg);
-  }
-  if (e->name == NULL) {
+  size_t nl;
+  const char *target = export_split(arg, &nl);
+  if ((e->name = strdup(name)) == NULL) {
     free(e);
     return -ENOMEM;
   }
-  if (strlen(e->name) > NBD_MAX_STRING) {
-    log_error("export \"%.40s...\": name longer than %d bytes", e->name,
-              NBD_MAX_STRING);
-    export_close(e);
-    return -ENAMETOOLONG;
-  }
-  int r = export_open_target(e, arg, target, o);
+  r = export_open_target(e, arg, target, o);
   if (r < 0) {
     export_close(e);
     return r;

@@ -99,6 +99,12 @@ struct export_opts {
   bool ignore_checksums;
 };
 
+/* What the command line alone shows is wrong with an export argument
+ * (NAME=TARGET or TARGET): a name too long or not UTF-8, no TARGET, a bad
+ * memory: or null: size, a format prefix before a URI. Its NBD name goes
+ * into name (namecap bytes). 0, or -errno with one line in err. */
+int export_check(const char *arg, char *name, size_t namecap, char *err,
+                 size_t errlen);
 /* Parses "[NAME=]TARGET" (TARGET: path, vhd:PATH, raw:PATH, memory:SIZE,
  * null:SIZE) and opens it; a path is probed for its format. On failure
  * logs one line naming the argument and returns -errno. */

@@ -637,11 +637,6 @@ server_run(struct server_config *cfg, char **export_args, int nexports)
     if (cfg->description &&
         (s.exports[i]->description = strdup(cfg->description)) == NULL)
       goto cleanup;
-    for (int j = 0; j < i; j++)
-      if (strcmp(s.exports[j]->name, s.exports[i]->name) == 0) {
-        log_error("export name \"%s\" given twice", s.exports[i]->name);
-        goto cleanup;
-      }
   }
   if (cfg->tls_mode != TLS_OFF) {
     char err[512];

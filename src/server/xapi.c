@@ -522,12 +522,6 @@ xs_import(struct xsess *ss, const struct http_request *rq)
     xs_refuse(ss, 403, "Forbidden", "export \"%s\" is read-only", vdi);
     return;
   }
-  if (server_stopping(ss->x->s)) {
-    /* It would be cut at the stop's deadline, whatever its size. */
-    xs_refuse(ss, 503, "Service Unavailable", "the server is shutting "
-              "down");
-    return;
-  }
   if (!rq->chunked && !rq->has_length) {
     xs_refuse(ss, 411, "Length Required", "a raw body needs a "
               "Content-Length (or send Chunked with a 'chunked' key)");
@@ -591,12 +585,6 @@ xs_nbd(struct xsess *ss, const char *name)
   struct export *e = xs_export(ss, name);
   if (e == NULL) {
     xs_refuse(ss, 404, "Not Found", "no export \"%s\"", name);
-    return;
-  }
-  if (server_stopping(ss->x->s)) {
-    /* Its loops drain and stop: none would take the connection. */
-    xs_refuse(ss, 503, "Service Unavailable", "the server is shutting "
-              "down");
     return;
   }
   xs_answer(ss, 200, "OK", "Transfer-encoding: nbd\r\n", NULL);
@@ -689,6 +677,13 @@ xs_http(struct xsess *ss)
   if (strcmp(rq.method, "PUT") != 0) {
     xs_refuse(ss, 405, "Method Not Allowed", "%s %s: only PUT is served",
               rq.method, rq.path);
+    return;
+  }
+  if (server_stopping(s)) {
+    /* An upload would be cut at the stop's deadline, whatever its size,
+     * and the loops that would take an NBD connection drain and stop. */
+    xs_refuse(ss, 503, "Service Unavailable", "the server is shutting "
+              "down");
     return;
   }
   if (strcmp(rq.path, "/import_raw_vdi") == 0)
@@ -853,8 +848,11 @@ xapi_listen(struct xapi *x, const char *spec, enum xapi_kind kind,
   int room = (int)(sizeof x->fds / sizeof x->fds[0]) - x->nfds;
   int n = sock_listen_tcp(host, port, x->fds + x->nfds, room);
   if (n < 0) {
-    log_error("cannot listen on %s port %s (%s): %s", host, port, what,
-              strerror(-n));
+    if (sock_err_is_resolve(n))
+      log_error("cannot resolve %s (%s): %s", host, what, sock_strerror(n));
+    else
+      log_error("cannot listen on %s port %s (%s): %s", host, port, what,
+                strerror(-n));
     return n;
   }
   for (int i = 0; i < n; i++) {

@@ -2,7 +2,9 @@
 # Bad serve arguments fail the start with one line that names the
 # argument and a non-zero exit: ports out of range or not numbers, memory
 # that cannot be reserved, a description too long, an IPv6 address with a
-# port but no brackets. Port 0 takes a free
+# port but no brackets; exit 2 for what the command line alone shows (the
+# --http and --chunked-listen addresses too, an empty host or socket
+# path, a bad size, a name twice or not UTF-8). Port 0 takes a free
 # port, and the log names the port actually bound (a client connects to
 # it).
 . "$(dirname "$0")/lib.sh"
@@ -32,6 +34,35 @@ refuse 'cannot resolve ::1:20004: .*\(an IPv6 address with a port is written \[A
 refuse 'export "memory:100T": cannot reserve 100T of memory: ' memory:100T
 refuse '^nbdflow serve: error: --description: longer than 4096 bytes$' \
     --description "$(head -c 4097 /dev/zero | tr '\0' d)" null:1M
+
+# usage WANT ARGS...: as refuse, and the exit status is 2 (a usage error:
+# the command line alone shows it, before any export is opened).
+usage () {
+    local want=$1 rc=0; shift
+    timeout 20 "$NBDFLOW" serve "$@" >"$TMP/out" 2>"$TMP/err" || rc=$?
+    [ "$rc" = 2 ] || fail "serve $*: exit status $rc, not 2: $(cat "$TMP/err")"
+    [ "$(wc -l <"$TMP/err")" = 1 ] || fail "serve $*: $(cat "$TMP/err")"
+    grep -qE "$want" "$TMP/err" || fail "serve $*: $(cat "$TMP/err")"
+    note "ok: serve $*: $(cat "$TMP/err")"
+}
+for opt in --http --chunked-listen; do
+    usage "bad $opt address \"127.0.0.1:99999\": the port must be a number" \
+        --listen 127.0.0.1:0 "$opt" 127.0.0.1:99999 null:1M
+    usage "bad $opt address \"127.0.0.1\": want HOST:PORT" \
+        --listen 127.0.0.1:0 "$opt" 127.0.0.1 null:1M
+done
+# No host is never every interface: that is written out.
+usage 'bad --listen address ":0": no host \(127.0.0.1 for this machine alone; 0.0.0.0 or \[::\] for every interface\)' \
+    --listen :0 null:1M
+usage 'bad --listen address "": no host' --listen "" null:1M
+usage '^nbdflow serve: error: --unix: an empty path$' --unix "" null:1M
+usage 'export "memory:10Q": bad size "10Q"' --listen 127.0.0.1:0 memory:10Q
+usage 'export "null:1.5G": bad size "1.5G"' --listen 127.0.0.1:0 null:1.5G
+usage 'export name "a" given twice' --listen 127.0.0.1:0 a=null:1M a=null:2M
+usage 'export "n\\xff": the name is not UTF-8 text' \
+    --listen 127.0.0.1:0 "$(printf 'n\xff')=null:1M"
+usage 'export "vhd:": vhd: names no file after its format' \
+    --listen 127.0.0.1:0 vhd:
 
 # Port 0: the kernel picks a port; the log says which, and it serves.
 serve_start --listen 127.0.0.1:0 null:1M
