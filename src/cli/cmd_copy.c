@@ -381,6 +381,15 @@ copy_chunked_refusal(const struct copy_args *a)
                   "end marker");
 }
 
+/* "-", or a format prefix before it ("vhd:-"): stdin or stdout. */
+static bool
+copy_is_pipe(const char *spec)
+{
+  struct target t;
+  target_parse(spec, false, &t);
+  return t.kind == TARGET_PIPE;
+}
+
 static int
 copy_parse(int argc, char **argv, struct copy_args *a)
 {
@@ -727,16 +736,17 @@ copy_parse(int argc, char **argv, struct copy_args *a)
               "--destination-is-zero skips them: use one or the other");
     return 2;
   }
+  bool dst_pipe = copy_is_pipe(a->dst), src_pipe = copy_is_pipe(a->src);
   if (a->o.progress == COPY_PROGRESS_FD && a->o.progress_fd == STDOUT_FILENO &&
-      strcmp(a->dst, "-") == 0) {
-    log_error("--progress=1 writes to stdout, where DESTINATION '-' writes "
-              "the image: use another descriptor");
+      dst_pipe) {
+    log_error("--progress=1 writes to stdout, where DESTINATION '%s' "
+              "writes the image: use another descriptor", a->dst);
     return 2;
   }
-  if (a->json && strcmp(a->dst, "-") == 0) {
+  if (a->json && dst_pipe) {
     /* The image goes to stdout; a report after it would corrupt it. */
-    log_error("--json writes its report to stdout, where DESTINATION '-' "
-              "writes the image: use one or the other");
+    log_error("--json writes its report to stdout, where DESTINATION '%s' "
+              "writes the image: use one or the other", a->dst);
     return 2;
   }
   if (a->retry_errors && a->retry == 0) {
@@ -744,15 +754,13 @@ copy_parse(int argc, char **argv, struct copy_args *a)
               "N allows: give --retry too");
     return 2;
   }
-  if (a->checkpoint && (strcmp(a->src, "-") == 0 || strcmp(a->dst, "-") == 0 ||
-                        a->o.no_flush)) {
+  if (a->checkpoint && (src_pipe || dst_pipe || a->o.no_flush)) {
     log_error("--checkpoint needs a source and a destination that can be "
               "written again where it stopped (not '-'), and the flushes "
               "that --no-flush turns off");
     return 2;
   }
-  if (a->verify && (strcmp(a->dst, "null:") == 0 || strcmp(a->dst, "-") == 0 ||
-                    strcmp(a->src, "-") == 0)) {
+  if (a->verify && (strcmp(a->dst, "null:") == 0 || dst_pipe || src_pipe)) {
     log_error("--verify needs a source and a destination that can be read "
               "back (not '-' or null:)");
     return 2;
@@ -1295,6 +1303,30 @@ copy_chunks_join(struct copy_chunks *all, const struct copy_chunks *rest)
 
 bool copy_peer_error;
 
+/* SOURCE, DESTINATION and --base as endpoint_open will take them: what
+ * the command line alone shows to be wrong is a usage error, said before
+ * anything is opened. */
+static int
+copy_check_targets(const struct copy_args *a, char *err, size_t errlen)
+{
+  struct endpoint_opts so = { .format = a->src_format,
+                              .format_given = a->src_format_given };
+  struct endpoint_opts dopt = { .write = true, .shown = a->dst,
+                                .format = a->dst_format,
+                                .format_given =
+                                    a->dst_format != IMAGE_FORMAT_AUTO,
+                                .protocol = a->dst_protocol };
+  if (endpoint_check(a->src, &so, err, errlen) < 0 ||
+      endpoint_check(a->dst_open, &dopt, err, errlen) < 0)
+    return -1;
+  if (a->base && errlen > 8 &&
+      endpoint_check(a->base, &so, err + 8, errlen - 8) < 0) {
+    memcpy(err, "--base: ", 8);
+    return -1;
+  }
+  return 0;
+}
+
 int
 cmd_copy(int argc, char **argv)
 {
@@ -1334,6 +1366,11 @@ cmd_copy(int argc, char **argv)
   char err[512];
   if (copy_session_open(&s) < 0)
     goto out;
+  if (copy_check_targets(&a, err, sizeof err) < 0) {
+    log_error("%s", err);
+    rc = 2;
+    goto out;
+  }
   struct endpoint_opts so = { .write = false, .connections = a.connections,
                               .no_extents = a.o.no_extents,
                               .nagle = a.nagle,

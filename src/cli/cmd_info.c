@@ -619,12 +619,7 @@ static int
 info_file(const struct info_args *a)
 {
   struct target t;
-  char why[512];
-  target_parse(a->target, false, &t);
-  if (target_check_prefix(&t, a->target, why, sizeof why) < 0) {
-    log_error("%s", why);
-    return 1;
-  }
+  target_parse(a->target, false, &t); /* checked by cmd_info */
   if (t.kind != TARGET_FILE)
     t.arg = a->target; /* "null:x", "memory:x", "-": a file of that name */
   struct image_opts io = {
@@ -823,6 +818,32 @@ cmd_info(int argc, char **argv)
   a.target = argv[optind];
   if (cmd_check_uri(a.target) < 0)
     return 2;
+  if (!uri_is_uri(a.target)) {
+    /* What the command line alone shows is wrong with a file TARGET. */
+    struct target t;
+    char why[512];
+    target_parse(a.target, false, &t);
+    if (target_check_prefix(&t, a.target, why, sizeof why) < 0) {
+      log_error("%s", why);
+      return 2;
+    }
+    if (a.target[0] == '\0' || (t.format_given && t.arg[0] == '\0')) {
+      log_error("TARGET '%s' names no file", a.target);
+      return 2;
+    }
+    if (t.format_given && a.format != IMAGE_FORMAT_AUTO &&
+        a.format != t.format) {
+      log_error("%s names the format %s, and -f %s another: give one",
+                a.target, image_format_name(t.format),
+                image_format_name(a.format));
+      return 2;
+    }
+    if (a.list) {
+      log_error("--list asks a server for its exports: %s is not an NBD "
+                "URI", a.target);
+      return 2;
+    }
+  }
   if (a.list && uri_is_uri(a.target) && a.format > IMAGE_FORMAT_RAW) {
     log_error("--list shows the server's exports: -f %s reads one",
               image_format_name(a.format));

@@ -129,6 +129,14 @@ cmd_sum(int argc, char **argv)
     return 2;
   int rc = 1;
   char err[512];
+  struct endpoint_opts eo = { .connections = conns,
+                              .timeout_s = o.timeout_s, .format = format,
+                              .format_given = format != IMAGE_FORMAT_AUTO,
+                              .ignore_checksums = ignore_checksums };
+  if (endpoint_check(spec, &eo, err, sizeof err) < 0) {
+    log_error("%s", err); /* what the command line alone shows */
+    return 2;
+  }
   struct hash_ctx h = { 0 };
   struct endpoint *src = NULL;
   struct ep_env env;
@@ -139,10 +147,6 @@ cmd_sum(int argc, char **argv)
     goto out;
   }
   env_ok = true;
-  struct endpoint_opts eo = { .connections = conns,
-                              .timeout_s = o.timeout_s, .format = format,
-                              .format_given = format != IMAGE_FORMAT_AUTO,
-                              .ignore_checksums = ignore_checksums };
   if (endpoint_open(&env, spec, &eo, &src, err, sizeof err) < 0) {
     log_error("%s", err);
     goto out;

@@ -482,11 +482,10 @@ stream_open(struct ep_env *env, const char *spec, const char *path,
 }
 
 static int
-file_open(struct ep_env *env, const char *spec, const char *path,
+file_open(struct ep_env *env, const char *spec, const char *path, bool pipe,
           const struct endpoint_opts *o, struct endpoint **out, char *err,
           size_t errlen)
 {
-  bool pipe = strcmp(spec, "-") == 0;
   struct stat pre;
   if (!pipe && stat(path, &pre) == 0 &&
       (S_ISCHR(pre.st_mode) || S_ISFIFO(pre.st_mode)))
@@ -653,7 +652,7 @@ source_open(struct ep_env *env, const char *spec, const struct target *t,
     return r;
   if (r > 0)
     return endpoint_open_image(env, spec, img, out, err, errlen);
-  return file_open(env, spec, t->arg, o, out, err, errlen);
+  return file_open(env, spec, t->arg, false, o, out, err, errlen);
 }
 
 /* --dst-protocol chunked into a file or '-': the frames themselves are
@@ -679,45 +678,152 @@ chunked_file_open(struct ep_env *env, const char *spec,
 }
 
 int
+endpoint_check(const char *spec, const struct endpoint_opts *o, char *err,
+               size_t errlen)
+{
+  const char *name = o->shown ? o->shown : spec;
+  const char *side = o->write ? "DESTINATION" : "SOURCE";
+  bool image = o->format_given && o->format > IMAGE_FORMAT_RAW;
+  if (spec[0] == '\0') {
+    snprintf(err, errlen, "%s is an empty name", side);
+    return -EINVAL;
+  }
+  if (http_url_is_http(spec) || strncmp(spec, "chunked+tcp://", 14) == 0 ||
+      strncmp(spec, "chunked+unix://", 15) == 0) {
+    bool http = http_url_is_http(spec);
+    if (!o->write) {
+      snprintf(err, errlen, "%s: %s is a destination only", name,
+               http ? "an http(s) URL (xapi receives uploads there)"
+                    : "a Chunked stream");
+      return -EINVAL;
+    }
+    if (image) {
+      snprintf(err, errlen, "%s: an image (--dst-format %s) is written to a "
+               "file or '-'; an upload is raw", name,
+               image_format_name(o->format));
+      return -EINVAL;
+    }
+    if (http) {
+      struct http_url u;
+      char why[224];
+      if (http_url_parse(spec, &u, why, sizeof why) < 0) {
+        snprintf(err, errlen, "%s: %s", name, why);
+        return -EINVAL;
+      }
+      http_url_free(&u);
+      return 0;
+    }
+    if (o->protocol == EP_PROTO_NBD) {
+      snprintf(err, errlen, "%s: a Chunked stream speaks Chunked, not NBD "
+               "(--dst-protocol nbd)", name);
+      return -EINVAL;
+    }
+    char host[256];
+    const char *port;
+    return endpoint_chunked_addr(spec, host, sizeof host, &port, err,
+                                 errlen) < 0 ? -EINVAL : 0;
+  }
+  struct target t;
+  target_parse(spec, !o->write, &t);
+  if (target_check_prefix(&t, spec, err, errlen) < 0)
+    return -EINVAL;
+  if (t.format_given && o->format_given && t.format != o->format) {
+    snprintf(err, errlen, "%s names the format %s, and the format option "
+             "%s: give one", spec, image_format_name(t.format),
+             image_format_name(o->format));
+    return -EINVAL;
+  }
+  bool chunked = o->write && o->protocol == EP_PROTO_CHUNKED;
+  switch (t.kind) {
+  case TARGET_FILE:
+    if (t.arg[0] == '\0') {
+      snprintf(err, errlen, "%s names no file after its format", spec);
+      return -EINVAL;
+    }
+    return 0;
+  case TARGET_PIPE:
+    if (!o->write && (t.format_given ? t.format : o->format) >
+                         IMAGE_FORMAT_RAW) {
+      snprintf(err, errlen, "%s: an image is read from a file, not a pipe "
+               "(its tables point anywhere in it)", spec);
+      return -EINVAL;
+    }
+    return 0;
+  case TARGET_NBD:
+    if (o->write && image) {
+      snprintf(err, errlen, "%s: an image (--dst-format %s) is written to a "
+               "file or '-'; an NBD export is written raw", name,
+               image_format_name(o->format));
+      return -EINVAL;
+    }
+    if (chunked) {
+      snprintf(err, errlen, "%s: Chunked frames go to a file, '-', "
+               "chunked+tcp://, chunked+unix:// or an http(s) URL", name);
+      return -EINVAL;
+    }
+    return 0;
+  case TARGET_NULL:
+    if (t.arg[0] != '\0') {
+      snprintf(err, errlen, "%s: null: takes no size here (./%s names a file "
+               "of that name)", spec, spec);
+      return -EINVAL;
+    }
+    if (!o->write) {
+      snprintf(err, errlen, "null: is a destination only (zero:SIZE reads "
+               "as zeroes)");
+      return -EINVAL;
+    }
+    if (image || chunked) {
+      snprintf(err, errlen, "null: discards: %s", image
+               ? "it takes no --dst-format"
+               : "Chunked frames go to a file, '-', chunked+tcp://, "
+                 "chunked+unix:// or an http(s) URL");
+      return -EINVAL;
+    }
+    return 0;
+  case TARGET_MEMORY:
+    snprintf(err, errlen, "%s: memory: is an export of serve, not a copy's "
+             "%s (./%s names a file of that name)", spec, side, spec);
+    return -EINVAL;
+  case TARGET_GEN:
+    if (endpoint_gen_check(spec, err, errlen) < 0)
+      return -EINVAL;
+    if (image) {
+      snprintf(err, errlen, "%s: a generated source is raw: --src-format "
+               "applies to files, pipes and NBD exports", spec);
+      return -EINVAL;
+    }
+    return 0;
+  }
+  return 0;
+}
+
+int
 endpoint_open(struct ep_env *env, const char *spec,
               const struct endpoint_opts *o, struct endpoint **out,
               char *err, size_t errlen)
 {
+  int r = endpoint_check(spec, o, err, errlen);
+  if (r < 0)
+    return r;
   if (http_url_is_http(spec))
     return endpoint_open_http(env, spec, o, out, err, errlen);
   if (strncmp(spec, "chunked+tcp://", 14) == 0 ||
-      strncmp(spec, "chunked+unix://", 15) == 0) {
-    if (!o->write || o->protocol == EP_PROTO_NBD)
-      return ep_fail(err, errlen, -EINVAL, "%s: %s (a Chunked stream is a "
-                     "destination, and speaks Chunked)", spec);
+      strncmp(spec, "chunked+unix://", 15) == 0)
     return endpoint_open_chunked_socket(env, spec, o, out, err, errlen);
-  }
   struct target t;
   target_parse(spec, !o->write, &t);
-  int r = target_check_prefix(&t, spec, err, errlen);
-  if (r < 0)
-    return r;
   if (o->write && o->protocol == EP_PROTO_CHUNKED)
     return chunked_file_open(env, spec, &t, o, out, err, errlen);
   switch (t.kind) {
   case TARGET_NBD:
-    if (o->format > IMAGE_FORMAT_RAW && o->write)
-      return ep_fail(err, errlen, -ENOTSUP,
-                     "%s: %s (an image is written to a file or '-'; an NBD "
-                     "export is written raw)", spec);
     if (o->format > IMAGE_FORMAT_RAW)
       return nbd_image_open(env, spec, o, out, err, errlen);
     return endpoint_open_nbd(env, spec, o, out, err, errlen);
   case TARGET_NULL:
-    if (t.arg[0] == '\0')
-      return null_open(env, spec, o, out, err, errlen);
-    t.arg = spec; /* "null:x" is a file called that */
-    break;
+    return null_open(env, spec, o, out, err, errlen);
   case TARGET_GEN:
     return endpoint_open_gen(env, spec, out, err, errlen);
-  case TARGET_MEMORY:
-    t.arg = spec;
-    break;
   default:
     break;
   }
@@ -731,11 +837,7 @@ endpoint_open(struct ep_env *env, const char *spec,
                                    err, errlen);
   if (!o->write && !pipe)
     return source_open(env, spec, &t, o, out, err, errlen);
-  if (pipe && f > IMAGE_FORMAT_RAW)
-    return ep_fail(err, errlen, -ENOTSUP,
-                   "%s: %s (an image is read from a file: its tables point "
-                   "anywhere in it)", spec);
-  return file_open(env, spec, t.arg, o, out, err, errlen);
+  return file_open(env, spec, t.arg, pipe, o, out, err, errlen);
 }
 
 void

@@ -301,10 +301,18 @@ struct endpoint_opts {
   struct ep_http *http;
 };
 
+/* What endpoint_open would refuse from spec and o alone, before it
+ * touches anything: an empty name, a malformed generated source, http or
+ * Chunked URL, a format prefix that contradicts --src/--dst-format or
+ * comes before a URI, a kind that cannot be this side (null: as a
+ * source, memory:), a format where none applies. 0, or -EINVAL with one
+ * line in err: the command line is wrong (a usage error). */
+int endpoint_check(const char *spec, const struct endpoint_opts *o,
+                   char *err, size_t errlen);
 /* Opens spec: an NBD URI, "null:", "-", a generated source
  * (pattern:SIZE, random:SIZE[:SEED], zero:SIZE,
  * sparse:SIZE[:PERIOD[:DATALEN]]), or a file. Returns 0 or -errno with
- * a sentence in err. */
+ * a sentence in err (endpoint_check's refusals first). */
 int endpoint_open(struct ep_env *env, const char *spec,
                   const struct endpoint_opts *o, struct endpoint **out,
                   char *err, size_t errlen);
@@ -359,6 +367,7 @@ int endpoint_open_nbd(struct ep_env *env, const char *spec,
                       const struct endpoint_opts *o, struct endpoint **out,
                       char *err, size_t errlen);
 /* Returns -ENOENT, writing nothing, when spec names no generator. */
+int endpoint_gen_check(const char *spec, char *err, size_t errlen);
 int endpoint_open_gen(struct ep_env *env, const char *spec,
                       struct endpoint **out, char *err, size_t errlen);
 /* Whether an image of format f may be written as a stream to path
@@ -385,6 +394,11 @@ int endpoint_open_chunked_socket(struct ep_env *env, const char *spec,
                                  const struct endpoint_opts *o,
                                  struct endpoint **out, char *err,
                                  size_t errlen);
+/* The address in such a spec: 1 for chunked+unix (its path follows the
+ * 15-byte prefix), 0 for chunked+tcp with host and *port (into spec)
+ * set, -EINVAL with why in err. */
+int endpoint_chunked_addr(const char *spec, char *host, size_t hostlen,
+                          const char **port, char *err, size_t errlen);
 /* SRC seen against BASE (both owned from the call on, closed on
  * failure): compares them now, on env's loop, then reads as SRC with
  * extents that call every block equal to BASE's a zero extent, so that

@@ -406,6 +406,50 @@ endpoint_open_chunked(struct ep_env *env, const char *spec,
 
 /* "chunked+tcp://HOST:PORT" or "chunked+unix:///PATH": connects. */
 int
+endpoint_chunked_addr(const char *spec, char *host, size_t hostlen,
+                      const char **port, char *err, size_t errlen)
+{
+  if (strncmp(spec, "chunked+unix://", 15) == 0) {
+    if (spec[15] != '/') {
+      snprintf(err, errlen, "%s: chunked+unix:// takes an absolute path "
+               "(chunked+unix:///PATH)", spec);
+      return -EINVAL;
+    }
+    return 1;
+  }
+  const char *hp = spec + 14; /* "chunked+tcp://" */
+  const char *end, *p;
+  if (hp[0] == '[') {
+    end = strchr(hp, ']');
+    if (end == NULL || end[1] != ':' || (size_t)(end - hp - 1) >= hostlen) {
+      snprintf(err, errlen, "%s: expected chunked+tcp://[ADDR]:PORT", spec);
+      return -EINVAL;
+    }
+    memcpy(host, hp + 1, (size_t)(end - hp - 1));
+    host[end - hp - 1] = '\0';
+    p = end + 2;
+  } else {
+    end = strrchr(hp, ':');
+    if (end == NULL || end == hp || (size_t)(end - hp) >= hostlen) {
+      snprintf(err, errlen, "%s: expected chunked+tcp://HOST:PORT", spec);
+      return -EINVAL;
+    }
+    memcpy(host, hp, (size_t)(end - hp));
+    host[end - hp] = '\0';
+    p = end + 1;
+  }
+  char *pend;
+  unsigned long pv = strtoul(p, &pend, 10);
+  if (*p < '0' || *p > '9' || *pend != '\0' || pv == 0 || pv > 65535) {
+    snprintf(err, errlen, "%s: bad port '%s' (a number from 1 to 65535)",
+             spec, p);
+    return -EINVAL;
+  }
+  *port = p;
+  return 0;
+}
+
+int
 endpoint_open_chunked_socket(struct ep_env *env, const char *spec,
                              const struct endpoint_opts *o,
                              struct endpoint **out, char *err, size_t errlen)
@@ -414,55 +458,26 @@ endpoint_open_chunked_socket(struct ep_env *env, const char *spec,
   memset(&c, 0, sizeof c);
   int timeout = client_handshake_ms(o->timeout_s);
   int fd;
-  if (strncmp(spec, "chunked+unix://", 15) == 0) {
-    const char *path = spec + 15;
-    if (path[0] != '/') {
-      snprintf(err, errlen, "%s: chunked+unix:// takes an absolute path "
-               "(chunked+unix:///PATH)", spec);
-      return -EINVAL;
-    }
-    fd = sock_connect_unix(path, timeout, NULL, NULL);
+  char host[256];
+  const char *port;
+  int r = endpoint_chunked_addr(spec, host, sizeof host, &port, err, errlen);
+  if (r < 0)
+    return r;
+  if (r == 1) {
+    fd = sock_connect_unix(spec + 15, timeout, NULL, NULL);
     if (fd >= 0) {
       int eff;
       sock_set_sndbuf(fd, 4 << 20, &eff);
     }
   } else {
-    const char *hp = spec + 14; /* "chunked+tcp://" */
-    char host[256];
-    const char *port;
-    if (hp[0] == '[') {
-      const char *close = strchr(hp, ']');
-      if (close == NULL || close[1] != ':' ||
-          (size_t)(close - hp - 1) >= sizeof host) {
-        snprintf(err, errlen, "%s: expected chunked+tcp://[ADDR]:PORT", spec);
-        return -EINVAL;
-      }
-      memcpy(host, hp + 1, (size_t)(close - hp - 1));
-      host[close - hp - 1] = '\0';
-      port = close + 2;
-    } else {
-      const char *colon = strrchr(hp, ':');
-      if (colon == NULL || colon == hp ||
-          (size_t)(colon - hp) >= sizeof host) {
-        snprintf(err, errlen, "%s: expected chunked+tcp://HOST:PORT", spec);
-        return -EINVAL;
-      }
-      memcpy(host, hp, (size_t)(colon - hp));
-      host[colon - hp] = '\0';
-      port = colon + 1;
-    }
-    char *end;
-    unsigned long pv = strtoul(port, &end, 10);
-    if (*port == '\0' || *end != '\0' || pv == 0 || pv > 65535) {
-      snprintf(err, errlen, "%s: bad port '%s'", spec, port);
-      return -EINVAL;
-    }
     fd = sock_connect_tcp(host, port, timeout, NULL, NULL);
     if (fd >= 0 && !o->nagle)
       sock_set_nodelay(fd, true);
   }
   if (fd < 0) {
-    snprintf(err, errlen, "%s: connect: %s", spec, strerror(-fd));
+    snprintf(err, errlen, "%s: %s: %s", spec,
+             sock_err_is_resolve(fd) ? "cannot resolve the host" : "connect",
+             sock_strerror(fd));
     return fd;
   }
   c.fd = fd;
@@ -555,8 +570,12 @@ endpoint_open_http(struct ep_env *env, const char *spec,
     int fd = sock_connect_tcp(u->host, u->port,
                               client_handshake_ms(o->timeout_s), NULL, NULL);
     if (fd < 0) {
-      snprintf(err, errlen, "%s: connect to %s port %s: %s", name, u->host,
-               u->port, strerror(-fd));
+      if (sock_err_is_resolve(fd))
+        snprintf(err, errlen, "%s: cannot resolve %s: %s", name, u->host,
+                 sock_strerror(fd));
+      else
+        snprintf(err, errlen, "%s: connect to %s port %s: %s", name, u->host,
+                 u->port, sock_strerror(fd));
       ep_http_free(x);
       return fd;
     }

@@ -172,26 +172,40 @@ static const struct endpoint_ops gen_ops = {
 };
 
 /* Splits "a:b:c" after the prefix into up to 3 size fields. */
+/* A generated source's name, parsed and checked. */
+struct gen_spec {
+  enum gen_kind kind;
+  uint64_t size, seed, period, data;
+};
+
+/* Fields after the prefix, ':'-separated; an empty one (a doubled or a
+ * trailing ':') is an error, not a field skipped. */
 static int
-gen_parse(const char *args, uint64_t *v, int max, int *n)
+gen_fields(const char *args, uint64_t *v, int max, int *n)
 {
-  char buf[128];
-  if (strlen(args) >= sizeof buf)
-    return -EINVAL;
-  strcpy(buf, args);
   *n = 0;
-  for (char *save = NULL, *tok = strtok_r(buf, ":", &save); tok;
-       tok = strtok_r(NULL, ":", &save)) {
-    if (*n == max || size_parse(tok, &v[*n]) < 0)
+  for (const char *f = args;; f++) {
+    const char *end = strchr(f, ':');
+    size_t len = end ? (size_t)(end - f) : strlen(f);
+    char tok[64];
+    if (*n == max || len == 0 || len >= sizeof tok)
+      return -EINVAL;
+    memcpy(tok, f, len);
+    tok[len] = '\0';
+    if (size_parse(tok, &v[*n]) < 0)
       return -EINVAL;
     (*n)++;
+    if (end == NULL)
+      return 0;
+    f = end;
   }
-  return *n ? 0 : -EINVAL;
 }
 
-int
-endpoint_open_gen(struct ep_env *env, const char *spec, struct endpoint **out,
-                  char *err, size_t errlen)
+/* Parses spec into g: -ENOENT (nothing written) when it names no
+ * generator, -EINVAL with why in err when its fields are wrong. */
+static int
+gen_spec_parse(const char *spec, struct gen_spec *g, char *err,
+               size_t errlen)
 {
   static const struct {
     const char *prefix;
@@ -210,13 +224,46 @@ endpoint_open_gen(struct ep_env *env, const char *spec, struct endpoint **out,
     return -ENOENT;
   uint64_t v[3] = { 0, 0, 0 };
   int n;
-  if (gen_parse(spec + strlen(kinds[k].prefix), v, kinds[k].maxargs, &n) <
+  if (gen_fields(spec + strlen(kinds[k].prefix), v, kinds[k].maxargs, &n) <
       0) {
     snprintf(err, errlen, "bad generated source '%s': the form is %s, each "
-             "a number with an optional K, M, G or T suffix", spec,
-             kinds[k].form);
+             "a number below 2^64 with an optional suffix (K, M, G, T, P "
+             "or E)", spec, kinds[k].form);
     return -EINVAL;
   }
+  *g = (struct gen_spec){ .kind = kinds[k].kind, .size = v[0] };
+  if (g->kind == GEN_RANDOM)
+    g->seed = v[1];
+  if (g->kind == GEN_SPARSE) {
+    g->period = n > 1 ? v[1] : 32u << 20;
+    g->data = n > 2 ? v[2] : 1u << 20;
+    if (g->period == 0 || g->data == 0 || g->data > g->period) {
+      snprintf(err, errlen, "'%s': need 0 < DATA <= PERIOD (PERIOD %llu, "
+               "DATA %llu%s)", spec, (unsigned long long)g->period,
+               (unsigned long long)g->data,
+               n > 2 ? "" : n > 1 ? ": 1M unless given" : ": 32M and 1M "
+                                                          "unless given");
+      return -EINVAL;
+    }
+  }
+  return 0;
+}
+
+int
+endpoint_gen_check(const char *spec, char *err, size_t errlen)
+{
+  struct gen_spec g;
+  return gen_spec_parse(spec, &g, err, errlen);
+}
+
+int
+endpoint_open_gen(struct ep_env *env, const char *spec, struct endpoint **out,
+                  char *err, size_t errlen)
+{
+  struct gen_spec g;
+  int r = gen_spec_parse(spec, &g, err, errlen);
+  if (r < 0)
+    return r;
   struct gen_priv *p = calloc(1, sizeof *p);
   struct endpoint *e = p ? endpoint_new(env, spec, &gen_ops, p) : NULL;
   if (e == NULL) {
@@ -224,20 +271,11 @@ endpoint_open_gen(struct ep_env *env, const char *spec, struct endpoint **out,
     snprintf(err, errlen, "out of memory");
     return -ENOMEM;
   }
-  p->kind = kinds[k].kind;
-  if (p->kind == GEN_RANDOM)
-    p->seed = v[1];
-  if (p->kind == GEN_SPARSE) {
-    p->period = n > 1 ? v[1] : 32u << 20;
-    p->data = n > 2 ? v[2] : 1u << 20;
-    if (p->period == 0 || p->data == 0 || p->data > p->period) {
-      free(p);
-      free(e);
-      snprintf(err, errlen, "'%s': need 0 < DATA <= PERIOD", spec);
-      return -EINVAL;
-    }
-  }
-  e->size = v[0];
+  p->kind = g.kind;
+  p->seed = g.seed;
+  p->period = g.period;
+  p->data = g.data;
+  e->size = g.size;
   e->readable = true;
   e->has_extents = p->kind == GEN_ZERO || p->kind == GEN_SPARSE;
   *out = e;

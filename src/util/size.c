@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 int
 size_parse(const char *s, uint64_t *out)
@@ -30,7 +31,7 @@ size_parse(const char *s, uint64_t *out)
       return -ERANGE;
     v <<= shift;
     p++;
-    if (strcmp(p, "iB") == 0 || strcmp(p, "B") == 0)
+    if (strcasecmp(p, "iB") == 0 || strcasecmp(p, "B") == 0)
       p += strlen(p);
     if (*p)
       return -EINVAL;

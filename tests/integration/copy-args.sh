@@ -28,7 +28,7 @@ refused 2 "--max-requests: 1 to 65536, not '0'" \
     copy --max-requests 0 "$TMP/src.img" null:
 refused 2 "--inflight: at most 16G, not '8E'" \
     copy --inflight 8E "$TMP/src.img" null:
-refused 1 "error: 'sparse:1M:64K:0': need 0 < DATA <= PERIOD" \
+refused 2 "error: 'sparse:1M:64K:0': need 0 < DATA <= PERIOD" \
     copy sparse:1M:64K:0 null:
 refused 2 "error: nbd://127.0.0.1:99999/: port out of range: '99999'" \
     copy "$TMP/src.img" nbd://127.0.0.1:99999/
@@ -118,12 +118,63 @@ refused 2 "--tls-verify-peer applies to an https:// DESTINATION" \
 
 # A format prefix names a local file: before a URI it is refused with
 # what to write instead, not opened as a path that is not there.
-refused 1 "a format prefix names a local file, not a URI" \
+refused 2 "a format prefix names a local file, not a URI" \
     copy "qcow2:nbd://127.0.0.1:1/x" "$TMP/px.img"
-refused 1 "a format prefix names a local file, not a URI" \
+refused 2 "a format prefix names a local file, not a URI" \
     info "vhd:nbd://127.0.0.1:1/x"
-refused 1 "a format prefix names a local file, not a URI" \
+refused 2 "a format prefix names a local file, not a URI" \
+    info --check "vhd:nbd://127.0.0.1:1/x"
+refused 2 "a format prefix names a local file, not a URI" \
     sum "qcow2:nbd+unix:///x?socket=$TMP/none.sock"
+
+# What the command line alone shows to be wrong with a name is a usage
+# error (exit 2), said before anything is opened or created.
+cd "$TMP" || fail "cd $TMP"
+refused 2 "bad generated source 'zero:10Q'" copy zero:10Q null:
+refused 2 "bad generated source 'zero:10Q'" sum zero:10Q
+refused 2 "--base: bad generated source 'zero:10Q'" \
+    copy --base zero:10Q pattern:1M "$TMP/bq.img"
+refused 2 "bad generated source 'zero:1M:'" copy zero:1M: null:
+refused 2 "bad generated source 'sparse:64M::4M'" copy sparse:64M::4M null:
+refused 2 "(PERIOD 524288, DATA 1048576: 1M unless given)" \
+    copy sparse:1G:512K null:
+refused 2 "SOURCE is an empty name" copy "" null:
+refused 2 "vhd: names no file after its format" sum vhd:
+refused 2 "TARGET 'qcow2:' names no file" info qcow2:
+refused 2 "null: is a destination only" copy null: null:
+refused 2 "null:1G: null: takes no size here (./null:1G names a file" \
+    copy pattern:1M null:1G
+refused 2 "memory: is an export of serve" copy pattern:1M memory:1G
+refused 2 "names the format vhd, and the format option qcow2: give one" \
+    copy --src-format qcow2 vhd:x.vhd null:
+refused 2 "names the format vhd, and -f qcow2 another" info -f qcow2 vhd:x.vhd
+refused 2 "a generated source is raw" copy --src-format vhd zero:1M null:
+refused 2 "null: discards: it takes no --dst-format" \
+    copy --dst-format vhd pattern:1M null:
+refused 2 "an NBD export is written raw" \
+    copy --dst-format vhd pattern:1M nbd://127.0.0.1:1/
+refused 2 "an image is read from a file, not a pipe" copy vhd:- null:
+refused 2 "a Chunked stream is a destination only" \
+    copy chunked+tcp://127.0.0.1:1 null:
+refused 2 "bad port '99999' (a number from 1 to 65535)" \
+    copy pattern:1M chunked+tcp://127.0.0.1:99999
+refused 2 "http://127.0.0.1:99999/x: bad port" \
+    copy pattern:1M http://127.0.0.1:99999/x
+refused 2 "--list asks a server for its exports" info --list "$TMP/src.img"
+for f in bq.img null:1G memory:1G; do
+    [ ! -e "$TMP/$f" ] || fail "a refused copy created $f"
+done
+# A format prefix before '-' is still the pipe, never a file named '-'.
+"$NBDFLOW" copy "$TMP/src.img" raw:- >"$TMP/rawpipe.img" ||
+    fail "copy to raw:- failed"
+[ ! -e "$TMP/-" ] || fail "copy to raw:- made a file named '-'"
+cmp "$TMP/src.img" "$TMP/rawpipe.img" || fail "copy to raw:- differs"
+"$NBDFLOW" copy raw:- "$TMP/rawin.img" <"$TMP/src.img" ||
+    fail "copy from raw:- failed"
+cmp "$TMP/src.img" "$TMP/rawin.img" || fail "copy from raw:- differs"
+refused 2 "where DESTINATION 'vhd:-' writes the image" \
+    copy --json "$TMP/src.img" vhd:-
+cd - >/dev/null || fail "cd back"
 
 # Output that cannot be written (a full disk) fails, with one line.
 for args in "--version" "copy --help" "sum $TMP/src.img" \

@@ -40,6 +40,10 @@ test_parse(void)
   parses("1E", UINT64_C(1) << 60);
   parses("1GiB", UINT64_C(1) << 30);
   parses("1GB", UINT64_C(1) << 30);
+  parses("1kb", 1024); /* either case, the B and iB too */
+  parses("1gib", UINT64_C(1) << 30);
+  parses("1MIB", UINT64_C(1) << 20);
+  parses("1Mb", UINT64_C(1) << 20);
   parses("007", 7);
   parses("0G", 0);
   parses("18446744073709551615", UINT64_MAX);
