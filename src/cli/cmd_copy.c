@@ -749,6 +749,11 @@ copy_parse(int argc, char **argv, struct copy_args *a)
               "writes the image: use one or the other", a->dst);
     return 2;
   }
+  if (a->checkpoint_s && !a->checkpoint) {
+    log_error("--checkpoint-interval sets how often --checkpoint FILE is "
+              "written: give --checkpoint too");
+    return 2;
+  }
   if (a->retry_errors && a->retry == 0) {
     log_error("--retry-errors resends failed requests as often as --retry "
               "N allows: give --retry too");

@@ -270,6 +270,13 @@ cmd_sparse_dd(int argc, char **argv)
       char what[96];
       snprintf(what, sizeof what, "%s needs a value", o);
       return cmd_usage_error("sparse_dd", what);
+    } else if ((strcmp(o, "-src") == 0 && src) ||
+               (strcmp(o, "-dest") == 0 && dest) ||
+               (strcmp(o, "-size") == 0 && size_s) ||
+               (strcmp(o, "-base") == 0 && base)) {
+      char what[96];
+      snprintf(what, sizeof what, "%s given twice", o);
+      return cmd_usage_error("sparse_dd", what);
     } else if (strcmp(o, "-src") == 0) {
       src = argv[++i];
     } else if (strcmp(o, "-dest") == 0) {
@@ -297,8 +304,12 @@ cmd_sparse_dd(int argc, char **argv)
   if (src == NULL || dest == NULL || size_s == NULL)
     return cmd_usage_error("sparse_dd", "-src, -dest and -size are needed");
   uint64_t size;
-  if (size_parse(size_s, &size) < 0)
-    return cmd_usage_error("sparse_dd", "-size: a number of bytes");
+  if (size_parse(size_s, &size) < 0) {
+    char what[160];
+    snprintf(what, sizeof what, "-size: a number of bytes, not '%.100s'",
+             size_s);
+    return cmd_usage_error("sparse_dd", what);
+  }
   if (strcmp(mode, "always") != 0 && strcmp(mode, "never") != 0 &&
       strcmp(mode, "user") != 0)
     return cmd_usage_error("sparse_dd", "-encryption-mode: always, never "

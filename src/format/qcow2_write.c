@@ -293,8 +293,7 @@ qcow2_writer_put(struct qcow2_writer *w, int fd, uint64_t off,
     if (r == 0)
       r = qw_l2(w);
     if (r < 0)
-      return fmt_fail(err, errlen, r, "writing the qcow2 tables: %s",
-                     strerror(-r));
+      return fmt_fail(err, errlen, r, "writing the qcow2 tables");
   }
   while (len > 0) {
     uint64_t c = off / QW_CLUSTER, in = off % QW_CLUSTER;
@@ -311,8 +310,8 @@ qcow2_writer_put(struct qcow2_writer *w, int fd, uint64_t off,
       if (r == 0 && off + n == w->end && in + n < QW_CLUSTER)
         r = qw_out(w, NULL, QW_CLUSTER - (in + n));
       if (r < 0)
-        return fmt_fail(err, errlen, r, "writing cluster %llu: %s",
-                       (unsigned long long)c, strerror(-r));
+        return fmt_fail(err, errlen, r, "writing cluster %llu",
+                       (unsigned long long)c);
     }
     off += n;
     len -= n;
@@ -331,7 +330,7 @@ qcow2_writer_put(struct qcow2_writer *w, int fd, uint64_t off,
                            w->header + QCOW2_HEADER_INCOMPAT_OFFSET);
     if (r < 0)
       return fmt_fail(err, errlen, r, "clearing the qcow2 header's corrupt "
-                      "bit at the end: %s", strerror(-r));
+                      "bit at the end");
   }
   w->done = w->pos == w->end;
   return 0;

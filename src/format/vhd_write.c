@@ -189,8 +189,7 @@ vhd_writer_put(struct vhd_writer *w, int fd, uint64_t off,
   if (!w->started) {
     w->started = true;
     if ((r = vw_start(w)) < 0)
-      return fmt_fail(err, errlen, r, "writing the VHD's tables: %s",
-                     strerror(-r));
+      return fmt_fail(err, errlen, r, "writing the VHD's tables");
   }
   while (len > 0) {
     uint32_t b = (uint32_t)(off / w->block);
@@ -211,8 +210,7 @@ vhd_writer_put(struct vhd_writer *w, int fd, uint64_t off,
       if (r == 0 && off + n == w->end && in + n < w->block)
         r = vw_write(w, NULL, w->block - (in + n));
       if (r < 0)
-        return fmt_fail(err, errlen, r, "writing block %u: %s", b,
-                       strerror(-r));
+        return fmt_fail(err, errlen, r, "writing block %u", b);
     }
     off += n;
     len -= n;
@@ -224,8 +222,7 @@ vhd_writer_put(struct vhd_writer *w, int fd, uint64_t off,
     uint8_t foot[VHD_FOOTER_LEN];
     vhd_footer_encode(&w->footer, foot);
     if ((r = vw_write(w, foot, sizeof foot)) < 0)
-      return fmt_fail(err, errlen, r, "writing the VHD footer: %s",
-                     strerror(-r));
+      return fmt_fail(err, errlen, r, "writing the VHD footer");
     w->done = true;
   }
   return 0;

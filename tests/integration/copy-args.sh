@@ -161,6 +161,8 @@ refused 2 "bad port '99999' (a number from 1 to 65535)" \
 refused 2 "http://127.0.0.1:99999/x: bad port" \
     copy pattern:1M http://127.0.0.1:99999/x
 refused 2 "--list asks a server for its exports" info --list "$TMP/src.img"
+refused 2 "--checkpoint-interval sets how often --checkpoint FILE is written" \
+    copy --checkpoint-interval 5 pattern:1M null:
 for f in bq.img null:1G memory:1G; do
     [ ! -e "$TMP/$f" ] || fail "a refused copy created $f"
 done

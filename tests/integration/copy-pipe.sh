@@ -100,5 +100,16 @@ if p.wait() != 0:
     sys.exit("stdin: exit %d" % p.returncode)
 PY
 same "$TMP/src.img" "$TMP/nb.img"
+
+# An image stream whose reader goes away: one line, its errno once.
+for f in vhd qcow2; do
+    { "$NBDFLOW" copy --dst-format $f pattern:4M - 2>"$TMP/err.$f" ||
+        echo $? >"$TMP/rc.$f"; } | head -c 100 >/dev/null
+    [ -s "$TMP/rc.$f" ] || fail "$f into a closed pipe exited 0"
+    [ "$(wc -l <"$TMP/err.$f")" = 1 ] || fail "$f: $(cat "$TMP/err.$f")"
+    [ "$(grep -o 'Broken pipe' "$TMP/err.$f" | wc -l)" = 1 ] ||
+        fail "$f: the errno not once: $(cat "$TMP/err.$f")"
+    note "ok: $f into a closed pipe: $(cat "$TMP/err.$f")"
+done
 note "ok: pipes, null: and generators"
 echo "PASS"

@@ -151,6 +151,21 @@ rc=0
     fail "-machine -dest file:///dev/stdout: status $rc: $(cat "$TMP/err")"
 note "ok: file:// forms and -machine -dest - checked"
 
+# An option given twice is refused, not the last one taken; a bad -size
+# is quoted.
+rc=0
+"$NBDFLOW" sparse_dd -src "$TMP/src.img" -src zero:1M -dest "$TMP/tw.img" \
+    -size "$size" 2>"$TMP/err" || rc=$?
+[ "$rc" = 2 ] && grep -q -- "-src given twice" "$TMP/err" ||
+    fail "-src twice: status $rc: $(cat "$TMP/err")"
+[ ! -e "$TMP/tw.img" ] || fail "-src twice: wrote the destination"
+rc=0
+"$NBDFLOW" sparse_dd -src "$TMP/src.img" -dest "$TMP/tw.img" -size 1.5M \
+    2>"$TMP/err" || rc=$?
+[ "$rc" = 2 ] && grep -q -- "-size: a number of bytes, not '1.5M'" "$TMP/err" ||
+    fail "-size 1.5M: status $rc: $(cat "$TMP/err")"
+note "ok: twice and a bad -size refused"
+
 # -progress: the percentage on stderr, though it is not a terminal.
 check "sparse_dd -progress" "$NBDFLOW" sparse_dd -progress -src "$TMP/src.img" \
     -dest "$TMP/p.img" -size "$size" 2>"$TMP/err"
