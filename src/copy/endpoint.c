@@ -411,6 +411,14 @@ static const struct endpoint_ops file_ops = {
 static int
 ep_fail(char *err, size_t errlen, int r, const char *fmt, const char *a)
 {
+  /* A name of thousands of bytes would push the reason out of the line:
+   * its start and its end are kept. */
+  char shown[200];
+  size_t n = strlen(a);
+  if (n >= sizeof shown) {
+    snprintf(shown, sizeof shown, "%.120s...%s", a, a + n - 60);
+    a = shown;
+  }
   snprintf(err, errlen, fmt, a, strerror(-r));
   return r;
 }
@@ -835,8 +843,17 @@ endpoint_open(struct ep_env *env, const char *spec,
   if (o->write && f > IMAGE_FORMAT_RAW)
     return endpoint_open_image_out(env, spec, pipe ? NULL : t.arg, f, o, out,
                                    err, errlen);
-  if (!o->write && !pipe)
-    return source_open(env, spec, &t, o, out, err, errlen);
+  if (!o->write && !pipe) {
+    r = source_open(env, spec, &t, o, out, err, errlen);
+    struct stat st;
+    if (r == -ENOENT && t.format_given && stat(spec, &st) == 0) {
+      /* "vhd:x" read as the format and x, where a file has that name. */
+      size_t k = strlen(err);
+      snprintf(err + k, errlen - k, " (the prefix was taken as the format; "
+               "./%s names the file)", spec);
+    }
+    return r;
+  }
   return file_open(env, spec, t.arg, pipe, o, out, err, errlen);
 }
 

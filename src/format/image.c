@@ -81,7 +81,7 @@ image_open(const char *path, const struct image_opts *o, struct image **out,
     return 0; /* the caller opens it as a plain file and says why not */
   if (fd < 0) {
     int e = errno;
-    snprintf(err, errlen, "open %s: %s", path, strerror(e));
+    snprintf(err, errlen, "open %.200s: %s", path, strerror(e));
     return -e;
   }
   const struct image_ops *ops = NULL;

@@ -120,6 +120,15 @@ export_open_target(struct export *e, const char *arg, const char *target,
   if (t.kind != TARGET_MEMORY && t.kind != TARGET_NULL) {
     if (t.kind != TARGET_FILE)
       t.arg = target; /* "-" or a URI-looking name: a path here */
+    const char *eq = strchr(target, '=');
+    struct stat st;
+    if (target == arg && eq && memchr(target, '/', (size_t)(eq - target)) &&
+        stat(target, &st) < 0 && errno == ENOENT) {
+      /* "x/y=disk.img" is one path: a name never holds a '/'. */
+      log_error("export \"%s\": no such file (a '/' before '=' makes the "
+                "whole argument a path: export names hold no '/')", arg);
+      return -ENOENT;
+    }
     return export_open_path(e, &t, o);
   }
   const char *sz = t.arg;

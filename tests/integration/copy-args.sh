@@ -163,6 +163,14 @@ refused 2 "http://127.0.0.1:99999/x: bad port" \
 refused 2 "--list asks a server for its exports" info --list "$TMP/src.img"
 refused 2 "--checkpoint-interval sets how often --checkpoint FILE is written" \
     copy --checkpoint-interval 5 pattern:1M null:
+# A file whose name starts like a format prefix: the error says how to
+# name it; a name of thousands of bytes leaves room for the reason.
+cp "$TMP/src.img" "$TMP/vhd:x"
+refused 1 "(the prefix was taken as the format; ./vhd:x names the file)" \
+    sum vhd:x
+long=$(head -c 5000 /dev/zero | tr '\0' a)
+refused 1 "aaaa: File name too long" sum "$TMP/$long"
+refused 1 "aaaa: File name too long" copy pattern:1M "$TMP/$long"
 for f in bq.img null:1G memory:1G; do
     [ ! -e "$TMP/$f" ] || fail "a refused copy created $f"
 done

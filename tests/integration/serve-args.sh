@@ -32,6 +32,8 @@ refuse 'bad --listen address "127.0.0.1:": want HOST:PORT' \
 refuse 'cannot resolve ::1:20004: .*\(an IPv6 address with a port is written \[ADDRESS\]:PORT\)$' \
     --listen ::1:20004 null:1M
 refuse 'export "memory:100T": cannot reserve 100T of memory: ' memory:100T
+refuse "export \"x/y=memory:2M\": no such file \(a '/' before '=' makes the whole argument a path" \
+    --listen 127.0.0.1:0 x/y=memory:2M
 refuse '^nbdflow serve: error: --description: longer than 4096 bytes$' \
     --description "$(head -c 4097 /dev/zero | tr '\0' d)" null:1M
 
