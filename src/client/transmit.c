@@ -702,8 +702,14 @@ client_rx_header(struct client_conn *c)
     return client_proto(c, "bad reply magic");
   uint32_t idx = (uint32_t)rep.cookie;
   struct client_req *r = idx < c->nslots ? c->slots[idx] : NULL;
-  if (r == NULL || r->cookie != rep.cookie || !r->sent)
-    return client_proto(c, "reply to a request not in flight");
+  if (r == NULL || r->cookie != rep.cookie || !r->sent) {
+    /* The connection is lost for every request in flight: the error of
+     * each names it, and this says which reply broke it. */
+    char why[96];
+    snprintf(why, sizeof why, "a reply for cookie 0x%llx, which names no "
+             "request in flight", (unsigned long long)rep.cookie);
+    return client_proto(c, why);
+  }
   /* An extended reply's offset "MUST match the offset of the client's
    * request" (§Extended reply chunk message). */
   if (c->info.extended && rep.offset != r->offset) {

@@ -60,11 +60,13 @@ note "ok: two status chunks: $(cat "$TMP/err")"
 
 # Framing the client must refuse: an extended reply header where none
 # was negotiated (read as a compact one, its length would be taken from
-# bytes that never came), an ERROR_OFFSET just past the request, and an
-# error chunk whose message runs past its end.
+# bytes that never came), an ERROR_OFFSET just past the request, an
+# error chunk whose message runs past its end, and a reply whose cookie
+# names no request (the line says which cookie).
 for mode in extmagic:"extended reply without extended headers" \
     erroffend:"error offset outside the request" \
-    errmsglen:"error chunk message longer than the chunk"; do
+    errmsglen:"error chunk message longer than the chunk" \
+    stray:"a reply for cookie 0x5a[0-9a-f]*, which names no request in flight"; do
     fake "${mode%%:*}"
     rc=0
     "$NBDFLOW" copy "$URI" "$TMP/out.img" >"$TMP/out" 2>"$TMP/err" || rc=$?

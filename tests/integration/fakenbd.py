@@ -31,6 +31,8 @@ Modes (what READ replies and the handshake do):
   longlist    LIST answered with a name of 5000 bytes (a string MUST be
               at most 4096)
   manylist    LIST answered with 4097 names of 4096 bytes (16 MiB in all)
+  stray       READ answered by a data chunk whose cookie is the request's
+              with bits 48-55 flipped: a reply to no request in flight
   extmagic    READ answered by a 16-byte header with the extended reply
               magic (DONE, NONE), though extended headers were not asked
   extgood     agrees to extended headers and then follows them: 32-byte
@@ -132,6 +134,9 @@ def answer_read(s, cookie, off, n):
         return
     if MODE == "extmagic":
         s.sendall(struct.pack(">IHHQ", 0x6E8A278C, 1, 0, cookie))
+        return
+    if MODE == "stray":
+        data_chunk(s, cookie ^ (0x5A << 48), off, pattern(off, n), True)
         return
     if MODE == "erroffend":
         msg = b"bad sector"
