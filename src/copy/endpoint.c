@@ -670,11 +670,7 @@ chunked_file_open(struct ep_env *env, const char *spec,
                   const struct target *t, const struct endpoint_opts *o,
                   struct endpoint **out, char *err, size_t errlen)
 {
-  if (t->kind != TARGET_FILE && t->kind != TARGET_PIPE)
-    return ep_fail(err, errlen, -EINVAL, "%s: %s (Chunked frames go to a "
-                   "file, '-', chunked+tcp://, chunked+unix:// or an "
-                   "http(s) URL)", spec);
-  struct client_conn c;
+  struct client_conn c; /* a file or '-': endpoint_check refused others */
   memset(&c, 0, sizeof c);
   bool pipe = t->kind == TARGET_PIPE;
   c.fd = pipe ? STDOUT_FILENO
@@ -742,6 +738,9 @@ endpoint_check(const char *spec, const struct endpoint_opts *o, char *err,
     return -EINVAL;
   }
   bool chunked = o->write && o->protocol == EP_PROTO_CHUNKED;
+  static const char chunked_goes[] = "Chunked frames go to a file, '-', "
+                                     "chunked+tcp://, chunked+unix:// or an "
+                                     "http(s) URL";
   switch (t.kind) {
   case TARGET_FILE:
     if (t.arg[0] == '\0') {
@@ -765,8 +764,7 @@ endpoint_check(const char *spec, const struct endpoint_opts *o, char *err,
       return -EINVAL;
     }
     if (chunked) {
-      snprintf(err, errlen, "%s: Chunked frames go to a file, '-', "
-               "chunked+tcp://, chunked+unix:// or an http(s) URL", name);
+      snprintf(err, errlen, "%s: %s", name, chunked_goes);
       return -EINVAL;
     }
     return 0;
@@ -782,10 +780,8 @@ endpoint_check(const char *spec, const struct endpoint_opts *o, char *err,
       return -EINVAL;
     }
     if (image || chunked) {
-      snprintf(err, errlen, "null: discards: %s", image
-               ? "it takes no --dst-format"
-               : "Chunked frames go to a file, '-', chunked+tcp://, "
-                 "chunked+unix:// or an http(s) URL");
+      snprintf(err, errlen, "null: discards: %s",
+               image ? "it takes no --dst-format" : chunked_goes);
       return -EINVAL;
     }
     return 0;
