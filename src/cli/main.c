@@ -1,5 +1,6 @@
 /* main.c: the subcommand table. */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -107,6 +108,14 @@ stdout_close(void)
 int
 main(int argc, char **argv)
 {
+  /* Descriptors 0 to 2 started closed would go to the first files we
+   * open: log lines written "to stderr" would land in an export, a
+   * progress line in a destination. They are held by /dev/null instead,
+   * as daemons do. */
+  for (int fd = 0; fd <= 2; fd++) /* in order: open takes the lowest */
+    if (fcntl(fd, F_GETFD) < 0 && errno == EBADF &&
+        open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY) != fd)
+      return 1; /* nowhere to say it, and nothing safe to open */
   signal(SIGPIPE, SIG_IGN);
   /* A file size limit (ulimit -f) is an error of the write (EFBIG),
    * reported like a full disk, not a death without a word. */

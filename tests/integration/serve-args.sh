@@ -66,6 +66,22 @@ usage 'export "n\\xff": the name is not UTF-8 text' \
 usage 'export "vhd:": vhd: names no file after its format' \
     --listen 127.0.0.1:0 vhd:
 
+# Started with stderr closed, the server's first open would take fd 2,
+# and its log lines would land in the export.
+truncate -s 1M "$TMP/closed.img"
+"$NBDFLOW" serve --listen 127.0.0.1:0 --pidfile "$TMP/closed.pid" \
+    "$TMP/closed.img" </dev/null >/dev/null 2>&- &
+cpid=$!
+SERVER_PIDS+=("$cpid")
+wait_for test -s "$TMP/closed.pid"
+cport=$(ss -Hltnp 2>/dev/null | sed -n "s/.*127\.0\.0\.1:\([0-9]*\) .*pid=$cpid,.*/\1/p" | head -1)
+[ -n "$cport" ] || fail "no port for the server started with closed fds"
+[ "$(nbdinfo --size "nbd://127.0.0.1:$cport")" = $((1 << 20)) ] ||
+    fail "the server started with closed fds does not serve"
+kill "$cpid"; wait "$cpid" || fail "the server started with closed fds: exit $?"
+forget_pid "$cpid"
+all_zero "$TMP/closed.img" $((1 << 20))
+
 # Port 0: the kernel picks a port; the log says which, and it serves.
 serve_start --listen 127.0.0.1:0 null:1M
 port=$(sed -n 's/^nbdflow serve: listening on 127\.0\.0\.1:\([0-9]*\)$/\1/p' \
