@@ -523,6 +523,11 @@ eng_issue_one(struct engine *e)
     }
     buf = p;
   } else if (!direct && (buf = eng_buf_take(e)) == NULL) {
+    /* With no buffer at all, none will come back to wait for: the
+     * first could not be had. */
+    if (e->nbufs == 0)
+      eng_fail(e, "read from", e->src, e->pos, len, ENOMEM,
+               "no buffer of that length could be had (--request-size)");
     return false;
   }
   if (opening) {

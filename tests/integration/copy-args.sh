@@ -163,6 +163,20 @@ refused 2 "http://127.0.0.1:99999/x: bad port" \
 refused 2 "--list asks a server for its exports" info --list "$TMP/src.img"
 refused 2 "--checkpoint-interval sets how often --checkpoint FILE is written" \
     copy --checkpoint-interval 5 pattern:1M null:
+# A data buffer that cannot be allocated, with none in flight that would
+# come back, fails the copy with one line (it waited at 0 bytes for ever).
+if [ "$NBDFLOW" != "${NBDFLOW_REAL:-$NBDFLOW}" ] ||
+   ldd "$NBDFLOW" 2>/dev/null | grep -q libasan; then
+    note "skip: ulimit -v under valgrind or a sanitizer, which reserve address space of their own"
+else
+    rc=0
+    (ulimit -v 80000; exec timeout 20 "$NBDFLOW" copy --request-size 32M \
+        random:64M:1 null:) >"$TMP/out" 2>"$TMP/err" || rc=$?
+    [ "$rc" = 1 ] || fail "no memory for a buffer: exit $rc: $(cat "$TMP/err")"
+    grep -q "read from random:64M:1 failed at offset 0 length 33554432: Cannot allocate memory" \
+        "$TMP/err" || fail "no memory for a buffer: $(cat "$TMP/err")"
+    note "ok: no memory for a buffer: $(cat "$TMP/err")"
+fi
 # A file whose name starts like a format prefix: the error says how to
 # name it; a name of thousands of bytes leaves room for the reason.
 cp "$TMP/src.img" "$TMP/vhd:x"
