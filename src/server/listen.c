@@ -662,6 +662,11 @@ server_run(struct server_config *cfg, char **export_args, int nexports)
   sigemptyset(&mask);
   sigaddset(&mask, SIGINT);
   sigaddset(&mask, SIGTERM);
+  /* A hang-up or a quit stops as a TERM does (nbdkit's choice too): by
+   * their default actions, they left the pidfile and the socket behind
+   * and drained nothing. */
+  sigaddset(&mask, SIGHUP);
+  sigaddset(&mask, SIGQUIT);
   pthread_sigmask(SIG_BLOCK, &mask, NULL);
   s.workq = workq_new(cfg->threads);
   if (s.workq == NULL) {
@@ -692,7 +697,7 @@ server_run(struct server_config *cfg, char **export_args, int nexports)
   r = sfd < 0 ? -errno
               : loop_add(main_loop, sfd, EPOLLIN, server_on_signal, &s);
   if (r < 0) {
-    log_error("cannot watch SIGINT and SIGTERM: %s", strerror(-r));
+    log_error("cannot watch the stop signals: %s", strerror(-r));
     goto cleanup;
   }
 

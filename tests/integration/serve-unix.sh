@@ -122,4 +122,32 @@ serve_start --unix "$TMP/stale.sock" memory:1M
 [ "$(nbdinfo --size "nbd+unix:///?socket=$TMP/stale.sock")" = $((1 << 20)) ] ||
     fail "serving on a stale socket's path"
 serve_stop
+
+# SIGHUP and SIGQUIT stop it as SIGTERM does: exit 0, its socket and its
+# pidfile removed (by their default actions they stayed behind). Started
+# with the signals' default actions: a shell's background job ignores
+# SIGQUIT.
+for sig in HUP QUIT; do
+    python3 - "$NBDFLOW" "$TMP/$sig.sock" "$TMP/$sig.pid" "$sig" <<'PY' ||
+import os, signal, subprocess, sys, time
+nbdflow, sock, pidf, sig = sys.argv[1:]
+p = subprocess.Popen([nbdflow, "serve", "--unix", sock, "--pidfile", pidf,
+                      "memory:1M"], stderr=subprocess.DEVNULL,
+                     restore_signals=True,
+                     preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL)
+                                         for s in (signal.SIGINT,
+                                                   signal.SIGQUIT)])
+for _ in range(200):
+    if os.path.exists(pidf):
+        break
+    time.sleep(0.05)
+p.send_signal(getattr(signal, "SIG" + sig))
+rc = p.wait(timeout=20)
+left = [f for f in (sock, pidf) if os.path.exists(f)]
+if rc != 0 or left:
+    sys.exit("SIG%s: exit %d, left behind: %s" % (sig, rc, left))
+PY
+        fail "SIG$sig did not stop the server cleanly"
+    note "ok: SIG$sig stops the server, socket and pidfile removed"
+done
 echo "PASS: Unix socket"
