@@ -538,9 +538,10 @@ server_start_loops(struct server *s)
   for (int i = 0; i < n; i++) {
     struct sloop *sl = &s->loops[i];
     sl->srv = s;
+    errno = 0;
     sl->loop = loop_new();
     if (sl->loop == NULL)
-      return -ENOMEM;
+      return errno ? -errno : -ENOMEM; /* EMFILE under a tight ulimit -n */
     s->nloops++;
     loop_set_tick(sl->loop, SERVER_TICK_MS, sloop_tick, sl);
   }
