@@ -110,6 +110,7 @@ sparse_dd_relay(void *arg)
       snprintf(text, sizeof text, "Progress: %d", pct);
       sparse_dd_frame(text);
     } else if (pr->percent) {
+      __atomic_store_n(&log_line_open, true, __ATOMIC_RELEASE);
       fprintf(stderr, "\r%3d%%", pct);
     }
   }
@@ -117,7 +118,8 @@ sparse_dd_relay(void *arg)
     fclose(f);
   if (pr->machine)
     sparse_dd_frame(NULL);
-  else if (last >= 0 && pr->percent)
+  else if (last >= 0 && pr->percent &&
+           __atomic_exchange_n(&log_line_open, false, __ATOMIC_ACQ_REL))
     fprintf(stderr, "\n");
   return NULL;
 }

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 enum log_level log_threshold = LOG_INFO;
+bool log_line_open;
 const char *log_prefix = "nbdflow";
 
 void
@@ -28,7 +29,10 @@ log_msg(enum log_level level, const char *fmt, ...)
   if (m < 0)
     m = 0;
   size_t mlen = (size_t)m < sizeof msg ? (size_t)m : sizeof msg - 1;
-  size_t len = (size_t)snprintf(line, sizeof line, "%.64s: %s", log_prefix,
+  bool open_line = __atomic_exchange_n(&log_line_open, false,
+                                       __ATOMIC_ACQ_REL);
+  size_t len = (size_t)snprintf(line, sizeof line, "%s%.64s: %s",
+                                open_line ? "\n" : "", log_prefix,
                                 tag[level]);
   /* One message, one line: a control byte that reached the text (a file
    * name with a newline, say) is shown as \xNN and cannot start a line

@@ -2,6 +2,7 @@
 #ifndef NBDFLOW_UTIL_LOG_H
 #define NBDFLOW_UTIL_LOG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 enum log_level { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG };
@@ -12,6 +13,11 @@ extern enum log_level log_threshold;
  * known (main sets it before running it), "nbdflow" before. Not copied:
  * the string must live as long as the process. */
 extern const char *log_prefix;
+
+/* Set by whoever leaves a line without its newline on stderr (a
+ * percentage redrawn in place with '\r'): the next message ends that
+ * line first, rather than being glued to it. Any thread; atomic. */
+extern bool log_line_open;
 
 void log_msg(enum log_level level, const char *fmt, ...)
   __attribute__((format(printf, 2, 3)));

@@ -171,6 +171,14 @@ check "sparse_dd -progress" "$NBDFLOW" sparse_dd -progress -src "$TMP/src.img" \
     -dest "$TMP/p.img" -size "$size" 2>"$TMP/err"
 same "$TMP/src.img" "$TMP/p.img"
 grep -q "100%" "$TMP/err" || fail "-progress showed no 100%: $(cat "$TMP/err")"
+# A failure ends the percentage's line before its own: the error starts a
+# line of its own.
+rc=0
+"$NBDFLOW" sparse_dd -progress -src random:8M -dest /dev/full -size 8M \
+    2>"$TMP/err" || rc=$?
+[ "$rc" = 1 ] || fail "-progress into /dev/full: status $rc"
+grep -q "^nbdflow sparse_dd: error: write to /dev/full" "$TMP/err" ||
+    fail "-progress: the error does not start a line: $(od -c "$TMP/err" | head -3)"
 
 # -nbd-export into an NBD URI that names no export picks the export, a
 # name of 300 bytes and more passed whole; a URI naming another export is
