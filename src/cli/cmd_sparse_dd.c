@@ -80,6 +80,10 @@ struct progress_relay {
                  * or -progress) */
 };
 
+/* The errno of the first frame that could not be written (0: none):
+ * stdio keeps only a flag, which would be reported as EIO at the end. */
+static int sparse_dd_frame_err;
+
 /* Writes one frame of progress (or the end header when text is NULL). */
 static void
 sparse_dd_frame(const char *text)
@@ -87,10 +91,11 @@ sparse_dd_frame(const char *text)
   uint8_t hdr[CHUNKED_HEADER_LEN];
   size_t n = text ? strlen(text) : 0;
   chunked_put(hdr, 0, (uint32_t)n);
-  fwrite(hdr, 1, sizeof hdr, stdout);
-  if (n)
-    fwrite(text, 1, n, stdout);
-  fflush(stdout);
+  errno = 0;
+  if ((fwrite(hdr, 1, sizeof hdr, stdout) != sizeof hdr ||
+       (n && fwrite(text, 1, n, stdout) != n) || fflush(stdout) != 0) &&
+      sparse_dd_frame_err == 0)
+    sparse_dd_frame_err = errno ? errno : EIO;
 }
 
 static void *
@@ -409,6 +414,16 @@ cmd_sparse_dd(int argc, char **argv)
   close(pfd[1]);
   pthread_join(t, NULL);
   free(d);
+  if (sparse_dd_frame_err) {
+    /* Said with its own errno; stdout's flag is cleared so that it is
+     * not said again as EIO. The copy itself went on: the data is what
+     * it says. */
+    log_error("-machine: writing progress to stdout: %s",
+              strerror(sparse_dd_frame_err));
+    clearerr(stdout);
+    if (rc == 0)
+      rc = 1;
+  }
   if (rc != 0 && rc != 2 && copy_peer_error)
     return SPARSE_DD_NBD_ERROR;
   return rc;

@@ -110,11 +110,13 @@ main(int argc, char **argv)
 {
   /* Descriptors 0 to 2 started closed would go to the first files we
    * open: log lines written "to stderr" would land in an export, a
-   * progress line in a destination. They are held by /dev/null instead,
-   * as daemons do. */
+   * progress line in a destination. They are held by /dev/null opened
+   * the other way (stdin for writing, stdout and stderr for reading), so
+   * that using one still fails with EBADF, as on a closed descriptor: an
+   * image for a closed stdout is an error, not discarded. */
   for (int fd = 0; fd <= 2; fd++) /* in order: open takes the lowest */
     if (fcntl(fd, F_GETFD) < 0 && errno == EBADF &&
-        open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY) != fd)
+        open("/dev/null", fd == 0 ? O_WRONLY : O_RDONLY) != fd)
       return 1; /* nowhere to say it, and nothing safe to open */
   signal(SIGPIPE, SIG_IGN);
   /* A file size limit (ulimit -f) is an error of the write (EFBIG),

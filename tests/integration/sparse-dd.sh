@@ -171,6 +171,13 @@ check "sparse_dd -progress" "$NBDFLOW" sparse_dd -progress -src "$TMP/src.img" \
     -dest "$TMP/p.img" -size "$size" 2>"$TMP/err"
 same "$TMP/src.img" "$TMP/p.img"
 grep -q "100%" "$TMP/err" || fail "-progress showed no 100%: $(cat "$TMP/err")"
+# -machine progress that cannot be written says why (it said EIO).
+rc=0
+{ "$NBDFLOW" sparse_dd -machine -src random:8M -dest "$TMP/pm.img" -size 8M \
+    2>"$TMP/err" || echo $? >"$TMP/rc"; } >/dev/full
+[ "$(cat "$TMP/rc" 2>/dev/null)" = 1 ] || fail "-machine to /dev/full: not status 1"
+grep -q "writing progress to stdout: No space left on device" "$TMP/err" ||
+    fail "-machine to /dev/full: $(cat "$TMP/err")"
 # A failure ends the percentage's line before its own: the error starts a
 # line of its own.
 rc=0
