@@ -57,10 +57,15 @@ struct copy_args {
   bool dst_fill_export;          /* it names an NBD URI DST's export */
   const char *tls_certificates;  /* --tls-certificates (https) */
   bool no_tls_verify;            /* --tls-verify-peer=false */
+  bool tls_chain_only;           /* --tls-verify-peer=chain */
+  const char *tls_ca_file;       /* --tls-ca-file (https) */
+  const char *tls_server_name;   /* --tls-server-name (https) */
   const char *tls_priority;      /* --tls-priority (https) */
   uint64_t expect_size;          /* --expect-size (sparse_dd's -size) */
   const char *base;              /* --base: DST already holds it */
   bool expect_size_given;
+  uint64_t dst_size;             /* --dst-size (sparse_dd's -size) */
+  bool dst_size_given;
 };
 
 static void
@@ -85,10 +90,15 @@ copy_usage(FILE *f)
     "                         when it names none\n"
     "  --tls-certificates DIR https: ca-cert.pem to check the server with\n"
     "                         (default: the system's trusted CAs)\n"
-    "  --tls-verify-peer false  https: accept any server certificate\n"
+    "  --tls-verify-peer false  https: accept any server certificate;\n"
+    "                         chain: check its chain, not its name\n"
+    "  --tls-ca-file FILE     https: the CAs (PEM) to check the server with\n"
+    "  --tls-server-name NAME https: the name sent (SNI), not the URL's host\n"
     "  --tls-priority PRIO    https: a GnuTLS priority string in place of\n"
     "                         ours (TLS 1.2 and 1.3, AEAD ciphers)\n"
     "  --expect-size BYTES    refuse to start unless SRC has this size\n"
+    "  --dst-size BYTES       DST holds BYTES: refuse to start when SRC is\n"
+    "                         larger (sparse_dd's -size)\n"
     "  --base BASE            DST already holds BASE: send only the 1 MiB\n"
     "                         blocks where SRC differs, from SRC's VHD chain\n"
     "                         when BASE is a parent in it, else compared\n"
@@ -183,7 +193,8 @@ enum {
   OPT_SPLIT_WRITES, OPT_SYNCHRONOUS, OPT_QUEUE_SIZE, OPT_SRC_FORMAT,
   OPT_DST_FORMAT, OPT_IGNORE_CHECKSUMS, OPT_DST_PROTOCOL, OPT_NBD_EXPORT,
   OPT_TLS_CERTIFICATES, OPT_TLS_VERIFY_PEER, OPT_EXPECT_SIZE, OPT_BASE,
-  OPT_TLS_PRIORITY, OPT_NO_SPACE_CHECK, OPT_RATE,
+  OPT_TLS_PRIORITY, OPT_NO_SPACE_CHECK, OPT_RATE, OPT_TLS_CA_FILE,
+  OPT_TLS_SERVER_NAME, OPT_DST_SIZE,
 };
 
 /* getopt codes of the resuming options. */
@@ -427,11 +438,14 @@ copy_parse(int argc, char **argv, struct copy_args *a)
       OPT_CHECKPOINT_INTERVAL },
     { "dst-protocol", required_argument, NULL, OPT_DST_PROTOCOL },
     { "expect-size", required_argument, NULL, OPT_EXPECT_SIZE },
+    { "dst-size", required_argument, NULL, OPT_DST_SIZE },
     { "base", required_argument, NULL, OPT_BASE },
     { "nbd-export", required_argument, NULL, OPT_NBD_EXPORT },
     { "tls-certificates", required_argument, NULL, OPT_TLS_CERTIFICATES },
     { "tls-verify-peer", required_argument, NULL, OPT_TLS_VERIFY_PEER },
     { "tls-priority", required_argument, NULL, OPT_TLS_PRIORITY },
+    { "tls-ca-file", required_argument, NULL, OPT_TLS_CA_FILE },
+    { "tls-server-name", required_argument, NULL, OPT_TLS_SERVER_NAME },
     { "no-space-check", no_argument, NULL, OPT_NO_SPACE_CHECK },
     { "rate", required_argument, NULL, OPT_RATE },
     { "help", no_argument, NULL, 'h' },
@@ -617,6 +631,13 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     case OPT_BASE:
       a->base = optarg;
       break;
+    case OPT_DST_SIZE:
+      if (size_parse(optarg, &a->dst_size) < 0) {
+        log_error("--dst-size: bad size '%s'", optarg);
+        return 2;
+      }
+      a->dst_size_given = true;
+      break;
     case OPT_EXPECT_SIZE:
       if (size_parse(optarg, &a->expect_size) < 0) {
         log_error("--expect-size: bad size '%s'", optarg);
@@ -630,6 +651,12 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     case OPT_TLS_PRIORITY:
       a->tls_priority = optarg;
       break;
+    case OPT_TLS_CA_FILE:
+      a->tls_ca_file = optarg;
+      break;
+    case OPT_TLS_SERVER_NAME:
+      a->tls_server_name = optarg;
+      break;
     case OPT_NO_SPACE_CHECK:
       a->no_space_check = true;
       break;
@@ -641,12 +668,14 @@ copy_parse(int argc, char **argv, struct copy_args *a)
       }
       break;
     case OPT_TLS_VERIFY_PEER:
-      if (strcmp(optarg, "true") == 0 || strcmp(optarg, "1") == 0)
-        a->no_tls_verify = false;
-      else if (strcmp(optarg, "false") == 0 || strcmp(optarg, "0") == 0)
+      a->no_tls_verify = a->tls_chain_only = false;
+      if (strcmp(optarg, "false") == 0 || strcmp(optarg, "0") == 0)
         a->no_tls_verify = true;
-      else {
-        log_error("--tls-verify-peer: true or false, not '%s'", optarg);
+      else if (strcmp(optarg, "chain") == 0)
+        a->tls_chain_only = true;
+      else if (strcmp(optarg, "true") != 0 && strcmp(optarg, "1") != 0) {
+        log_error("--tls-verify-peer: true, false or chain, not '%s'",
+                  optarg);
         return 2;
       }
       break;
@@ -700,12 +729,15 @@ copy_parse(int argc, char **argv, struct copy_args *a)
         return 2;
     }
   }
-  if ((a->tls_certificates || a->tls_priority || a->no_tls_verify) &&
+  if ((a->tls_certificates || a->tls_priority || a->no_tls_verify ||
+       a->tls_chain_only || a->tls_ca_file || a->tls_server_name) &&
       strncasecmp(a->dst, "https://", 8) != 0) {
     /* Silently unused, they would leave the user believing they hold. */
     log_error("%s applies to an https:// DESTINATION, not '%s'%s",
               a->tls_priority       ? "--tls-priority"
               : a->tls_certificates ? "--tls-certificates"
+              : a->tls_ca_file      ? "--tls-ca-file"
+              : a->tls_server_name  ? "--tls-server-name"
                                     : "--tls-verify-peer",
               a->dst,
               strncasecmp(a->dst, "nbds", 4) == 0
@@ -1403,6 +1435,14 @@ cmd_copy(int argc, char **argv)
               (unsigned long long)a.expect_size);
     goto out;
   }
+  if (a.dst_size_given && s.src->size_known && s.src->size > a.dst_size) {
+    /* Said before the destination is opened, and before --base reads. */
+    log_error("%s is %llu bytes, more than the %llu DESTINATION holds "
+              "(--dst-size, sparse_dd's -size): nothing copied", a.src,
+              (unsigned long long)s.src->size,
+              (unsigned long long)a.dst_size);
+    goto out;
+  }
   if (a.base) {
     /* DST holds BASE: only the blocks where SRC differs are sent, data
      * whole (a changed block of zeroes is written too), the rest skipped
@@ -1477,6 +1517,9 @@ cmd_copy(int argc, char **argv)
     .nbd_export = a.nbd_export,
     .tls_certificates = a.tls_certificates,
     .no_tls_verify = a.no_tls_verify,
+    .tls_chain_only = a.tls_chain_only,
+    .tls_ca_file = a.tls_ca_file,
+    .tls_server_name = a.tls_server_name,
     .tls_priority = a.tls_priority,
   };
   if (endpoint_open(&s.env, a.dst_open, &dopt, &s.dst, err, sizeof err) <

@@ -40,12 +40,14 @@ sparse_dd_usage(FILE *f)
 "         [-dest-proto nbd|chunked|none]\n"
 "         [-nbd-export NAME] [-encryption-mode always|never|user]\n"
 "         [-good-ciphersuites S] [-legacy-ciphersuites S] [-ssl-legacy]\n"
+"         [-verify-dest [-cert-bundle-path FILE]] [-sni NAME]\n"
 "\n"
 "xapi's sparse_dd command line, run as 'nbdflow copy':\n"
 "  -src SRC            a file, block device or NBD URI\n"
 "  -dest DEST          a file (or file:///PATH), an NBD URI, or an http(s)\n"
 "                      URL (a PUT, then NBD or Chunked as the answer says)\n"
-"  -size BYTES         the size to copy: must be the source's\n"
+"  -size BYTES         the destination's size: the source may not be\n"
+"                      larger (copy --dst-size)\n"
 "  -prezeroed          the destination reads as zeroes: skip zero ranges\n"
 "                      (copy --target-is-zero)\n"
 "  -dest-proto P       nbd or chunked (copy --dst-protocol); none: the raw\n"
@@ -64,10 +66,15 @@ sparse_dd_usage(FILE *f)
 "                      suites are never offered\n"
 "  -base BASE          the destination holds BASE: send only the blocks\n"
 "                      where SRC differs (copy --base)\n"
+"  -verify-dest        https: check the server certificate's chain (not\n"
+"                      its name), against -cert-bundle-path FILE (PEM) or\n"
+"                      the system's CAs; without it, nothing is checked,\n"
+"                      as xapi's sparse_dd does\n"
+"  -sni NAME           https: the server name sent\n"
 "  -help, --help       show this help\n"
 "\n"
-"An https server is checked against the CAs in the directory\n"
-"$NBDFLOW_TLS_CERTIFICATES (ca-cert.pem), else the system's.\n"
+"Without -verify-dest, $NBDFLOW_TLS_CERTIFICATES (a directory holding\n"
+"ca-cert.pem) asks for the whole check of an https server, name too.\n"
 "\n"
 "Exit status: 0 copied; 5 the NBD server answered with an error; 2 usage\n"
 "error; 1 any other failure.\n");
@@ -250,7 +257,9 @@ cmd_sparse_dd(int argc, char **argv)
   const char *good = NULL; /* -good-ciphersuites */
   const char *src = NULL, *dest = NULL, *size_s = NULL, *proto = NULL;
   const char *export_name = NULL, *mode = "user", *base = NULL;
+  const char *bundle = NULL, *sni = NULL; /* -cert-bundle-path, -sni */
   bool machine = false, prezeroed = false, progress_bar = false;
+  bool verify_dest = false;
   for (int i = 1; i < argc; i++) {
     const char *o = argv[i];
     bool has_arg = i + 1 < argc;
@@ -260,6 +269,8 @@ cmd_sparse_dd(int argc, char **argv)
       return 0;
     } else if (strcmp(o, "-machine") == 0) {
       machine = true;
+    } else if (strcmp(o, "-verify-dest") == 0) {
+      verify_dest = true;
     } else if (strcmp(o, "-progress") == 0) {
       progress_bar = true;
     } else if (strcmp(o, "-prezeroed") == 0) {
@@ -273,6 +284,8 @@ cmd_sparse_dd(int argc, char **argv)
                 strcmp(o, "-nbd-export") == 0 ||
                 strcmp(o, "-encryption-mode") == 0 ||
                 strcmp(o, "-good-ciphersuites") == 0 ||
+                strcmp(o, "-cert-bundle-path") == 0 ||
+                strcmp(o, "-sni") == 0 ||
                 strcmp(o, "-legacy-ciphersuites") == 0)) {
       char what[96];
       snprintf(what, sizeof what, "%s needs a value", o);
@@ -300,6 +313,10 @@ cmd_sparse_dd(int argc, char **argv)
       mode = argv[++i];
     } else if (strcmp(o, "-good-ciphersuites") == 0) {
       good = argv[++i];
+    } else if (strcmp(o, "-cert-bundle-path") == 0) {
+      bundle = argv[++i];
+    } else if (strcmp(o, "-sni") == 0) {
+      sni = argv[++i];
     } else if (strcmp(o, "-legacy-ciphersuites") == 0) {
       i++; /* legacy suites are never offered (docs/xapi.md) */
     } else {
@@ -344,7 +361,10 @@ cmd_sparse_dd(int argc, char **argv)
     return 2;
   }
   char prio_opt[256];
-  if (good) {
+  /* xapi passes its ciphers whatever the destination: they are read for
+   * an https one only. */
+  bool https = strncasecmp(d, "https://", 8) == 0;
+  if (good && https) {
     int n = snprintf(prio_opt, sizeof prio_opt, "--tls-priority=");
     if (sparse_dd_priority(good, prio_opt + n, sizeof prio_opt - (size_t)n) <
         0) {
@@ -375,9 +395,9 @@ cmd_sparse_dd(int argc, char **argv)
   char progress[32], proto_opt[32], size_opt[40];
   snprintf(progress, sizeof progress, "--progress=%d", pfd[1]);
   snprintf(proto_opt, sizeof proto_opt, "--dst-protocol=%s", dst_proto);
-  snprintf(size_opt, sizeof size_opt, "--expect-size=%llu",
+  snprintf(size_opt, sizeof size_opt, "--dst-size=%llu",
            (unsigned long long)size);
-  char *cargv[24];
+  char *cargv[32];
   int cargc = 0;
   cargv[cargc++] = "copy";
   cargv[cargc++] = progress;
@@ -394,17 +414,34 @@ cmd_sparse_dd(int argc, char **argv)
     cargv[cargc++] = "--nbd-export";
     cargv[cargc++] = (char *)export_name;
   }
-  /* TLS settings for an https DEST only (copy refuses them elsewhere):
-   * xapi passes its ciphers whatever the destination. */
-  bool https = strncasecmp(d, "https://", 8) == 0;
-  if (good && https)
-    cargv[cargc++] = prio_opt;
-  /* xapi's command line has no place for a CA: the environment's, else
-   * the system's trusted CAs check an https server. */
+  /* TLS settings for an https DEST only (copy refuses them elsewhere).
+   * As xapi's sparse_dd: without -verify-dest the server's certificate
+   * is not checked (pool hosts have self-signed ones, and xapi names
+   * them by address); with it, its chain is, against -cert-bundle-path
+   * (else the system's CAs), and not its name; -sni is the name sent.
+   * NBDFLOW_TLS_CERTIFICATES (a directory with ca-cert.pem) asks for
+   * the whole check, name included, where -verify-dest is not given. */
   const char *ca = getenv("NBDFLOW_TLS_CERTIFICATES");
-  if (ca && *ca && https) {
+  if (https && good)
+    cargv[cargc++] = prio_opt;
+  if (https && verify_dest) {
+    cargv[cargc++] = "--tls-verify-peer=chain";
+    if (bundle) {
+      cargv[cargc++] = "--tls-ca-file";
+      cargv[cargc++] = (char *)bundle;
+    } else if (ca && *ca) {
+      cargv[cargc++] = "--tls-certificates";
+      cargv[cargc++] = (char *)ca;
+    }
+  } else if (https && ca && *ca) {
     cargv[cargc++] = "--tls-certificates";
     cargv[cargc++] = (char *)ca;
+  } else if (https) {
+    cargv[cargc++] = "--tls-verify-peer=false";
+  }
+  if (https && sni) {
+    cargv[cargc++] = "--tls-server-name";
+    cargv[cargc++] = (char *)sni;
   }
   cargv[cargc++] = "--";
   cargv[cargc++] = (char *)src;

@@ -294,6 +294,11 @@ struct endpoint_opts {
   const char *tls_certificates;
   bool no_tls_verify;
   const char *tls_priority; /* --tls-priority, or NULL */
+  const char *tls_ca_file;  /* --tls-ca-file: CAs in one PEM file */
+  const char *tls_server_name; /* --tls-server-name: SNI, or NULL: the
+                                  URL's host */
+  bool tls_chain_only;      /* --tls-verify-peer chain: the certificate's
+                               chain is checked, not its name */
   /* Set by endpoint_open for endpoint_open_nbd: an http(s) URL whose
    * PUT comes before the NBD handshake. endpoint_open_nbd owns it from
    * the call on, but when it returns CLIENT_HTTP_BODY (the answer expects

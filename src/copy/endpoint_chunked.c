@@ -553,9 +553,12 @@ endpoint_open_http(struct ep_env *env, const char *spec,
     .need_nbd = o->protocol == EP_PROTO_NBD,
     .body = &x->body,
     .tls_start = u->tls,
-    .tls = { .certs_dir = o->tls_certificates, .hostname = u->host,
+    .tls = { .certs_dir = o->tls_certificates,
+             .hostname = o->tls_chain_only ? NULL : u->host,
              .verify_peer = !o->no_tls_verify,
-             .priority = o->tls_priority },
+             .priority = o->tls_priority,
+             .ca_file = o->tls_ca_file,
+             .sni = o->tls_server_name ? o->tls_server_name : u->host },
   };
   if (u->tls &&
       (r = tls_creds_client_new(&x->h.tls, &x->creds, why, sizeof why)) < 0) {

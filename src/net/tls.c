@@ -796,9 +796,9 @@ tls_client_start(struct transport *t, const struct tls_client_config *cfg,
   if (creds->x509) {
     if (cfg->verify_peer)
       tls_verify_as(ts, GNUTLS_KP_TLS_WWW_SERVER, cfg->hostname);
-    if (cfg->hostname && !tls_is_ip(cfg->hostname))
-      gnutls_server_name_set(ts->s, GNUTLS_NAME_DNS, cfg->hostname,
-                             strlen(cfg->hostname));
+    const char *sni = cfg->sni ? cfg->sni : cfg->hostname;
+    if (sni && !tls_is_ip(sni))
+      gnutls_server_name_set(ts->s, GNUTLS_NAME_DNS, sni, strlen(sni));
   }
 
   struct transport tt = { .ops = &tls_ops, .fd = t->fd, .priv = ts };

@@ -135,6 +135,10 @@ struct tls_client_config {
   const char *username;  /* PSK identity; NULL means the login name */
   const char *hostname;  /* name the server certificate must carry, or NULL
                           * to check only the chain */
+  const char *ca_file;   /* X.509: a PEM bundle of CAs to check the server
+                          * with, in place of certs_dir's ca-cert.pem */
+  const char *sni;       /* server name to send (SNI), or NULL: hostname
+                          * (never an IP address) */
   bool verify_peer;      /* false: accept any server certificate */
   const char *priority;  /* a GnuTLS priority string in place of ours
                           * (TLS 1.2 and 1.3, AEAD ciphers), or NULL */

@@ -335,6 +335,19 @@ tls_client_load_x509(gnutls_certificate_credentials_t x509,
                      size_t errlen)
 {
   int r;
+  if (cfg->ca_file) {
+    r = tls_readable(cfg->ca_file);
+    int n = r < 0 ? 0 : gnutls_certificate_set_x509_trust_file(
+                            x509, cfg->ca_file, GNUTLS_X509_FMT_PEM);
+    if (n <= 0) {
+      tls_err(err, errlen, "cannot load the CA bundle %s: %s", cfg->ca_file,
+              r < 0 ? strerror(-r) : n < 0 ? gnutls_strerror(n)
+                                           : "no certificate in it");
+      return r < 0 ? r : -EINVAL;
+    }
+    if (cfg->certs_dir == NULL)
+      return 0;
+  }
   if (cfg->certs_dir == NULL) {
     if (!cfg->verify_peer)
       return 0;
@@ -351,7 +364,9 @@ tls_client_load_x509(gnutls_certificate_credentials_t x509,
   char *key = tls_path(cfg->certs_dir, TLS_CLIENT_KEY);
   r = -ENOMEM;
   if (ca && cert && key) {
-    r = tls_readable(ca);
+    /* A CA bundle given apart replaces the directory's CA; its client
+     * certificate still counts. */
+    r = cfg->ca_file ? -ENOENT : tls_readable(ca);
     if (r < 0 && r != -ENOENT)
       tls_err(err, errlen, "cannot read CA certificate %s: %s", ca,
               strerror(-r));
@@ -363,7 +378,7 @@ tls_client_load_x509(gnutls_certificate_credentials_t x509,
                 n < 0 ? gnutls_strerror(n) : "no certificate in it");
         r = -EINVAL;
       }
-    } else if (cfg->verify_peer) {
+    } else if (cfg->verify_peer && !cfg->ca_file) {
       tls_err(err, errlen, "no %s to verify the server with", ca);
     } else {
       r = 0;

@@ -4,7 +4,8 @@
 # file:// path, to our serve over NBD (-dest-proto nbd -nbd-export), over
 # an http:// URL that -encryption-mode never made of an https:// one, as
 # Chunked with -prezeroed; exit status 5 when the NBD server answers a
-# write with an error (nbdkit's error filter), 1 for a wrong -size, 2 for
+# write with an error (nbdkit's error filter), 1 for a -size below the
+# source's (a larger one is the destination's, and copies), 2 for
 # usage errors; -base sends only the blocks that differ from the base.
 # Every copy verified.
 set -euo pipefail
@@ -91,8 +92,15 @@ note "ok: -base by the VHD chain sent 4 MiB of 16"
 rc=0
 "$NBDFLOW" sparse_dd -src "$TMP/src.img" -dest "$TMP/x.img" -size 4096 \
     2>"$TMP/err" || rc=$?
-[ "$rc" = 1 ] && grep -qF "not the 4096 expected (--expect-size, sparse_dd's -size)" "$TMP/err" ||
-    fail "a wrong -size: status $rc: $(cat "$TMP/err")"
+[ "$rc" = 1 ] && grep -qF "more than the 4096 DESTINATION holds (--dst-size, sparse_dd's -size)" "$TMP/err" ||
+    fail "a -size below the source's: status $rc: $(cat "$TMP/err")"
+[ ! -e "$TMP/x.img" ] || fail "a -size below the source's: DEST was made"
+# -size is the destination's size (xapi passes the remote VDI's, which
+# may be larger than the source, as xapi's sparse_dd allows).
+check "a -size above the source's" "$NBDFLOW" sparse_dd -src "$TMP/src.img" \
+    -dest "$TMP/big.img" -size $((size + (4 << 20)))
+same "$TMP/src.img" "$TMP/big.img"
+rm -f "$TMP/big.img"
 rc=0
 "$NBDFLOW" sparse_dd -src "$TMP/src.img" -size 1 2>"$TMP/err" || rc=$?
 [ "$rc" = 2 ] || fail "no -dest: status $rc: $(cat "$TMP/err")"
@@ -105,7 +113,7 @@ rc=0
 rc=0
 "$NBDFLOW" sparse_dd -src "$TMP/new.img" -base "$TMP/base.img" \
     -dest "$TMP/x.img" -size 4096 2>"$TMP/err" || rc=$?
-[ "$rc" = 1 ] && grep -qF "not the 4096 expected" "$TMP/err" ||
+[ "$rc" = 1 ] && grep -qF "more than the 4096 DESTINATION holds" "$TMP/err" ||
     fail "a wrong -size with -base: status $rc: $(cat "$TMP/err")"
 grep -q "bytes differ" "$TMP/err" &&
     fail "SRC and BASE were compared before -size was checked"
