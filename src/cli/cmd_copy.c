@@ -129,7 +129,8 @@ copy_usage(FILE *f)
     "  --no-zero-copy         read data into buffers even where the kernel\n"
     "                         could send it from the file (sendfile)\n"
     "  --zero-copy            sendfile over TCP to a loopback address too\n"
-    "                         (default there: buffers, measured faster)\n"
+    "                         (default there: the faster of the two, timed\n"
+    "                         at the start of a copy of 256 MiB or more)\n"
     "  --no-space-check       copy into a file even when its file system has\n"
     "                         less room than SRC's allocated bytes\n"
     "  --verify               hash SRC while copying, read DST back, compare\n"
@@ -925,7 +926,7 @@ copy_report_json(const struct copy_args *a, const struct copy_stats *st,
          "\"diagnostic\": {\"nagle\": %s, \"split_writes\": %s, "
          "\"max_requests\": %u}, \"reconnects\": %llu, "
          "\"bytes_resent\": %llu, \"bytes_resumed\": %llu, "
-         "\"rate_limit\": %llu, \"tls\": {\"source\": ",
+         "\"rate_limit\": %llu, ",
          (unsigned long long)st->total,
          (unsigned long long)st->copied, (unsigned long long)st->zeroed,
          (unsigned long long)st->skipped, st->seconds, mibs,
@@ -939,6 +940,16 @@ copy_report_json(const struct copy_args *a, const struct copy_stats *st,
          a->o.max_requests, (unsigned long long)st->reconnects,
          (unsigned long long)st->resent, (unsigned long long)st->resumed,
          (unsigned long long)a->o.rate);
+  fputs("\"data_path_probe\": ", stdout);
+  if (st->probed)
+    printf("{\"turns\": %u, \"of\": %u, \"turn_bytes\": %llu, "
+           "\"sendfile_ms\": %.1f, \"buffer_ms\": %.1f}", st->probe_turns,
+           COPY_PROBE_TURNS,
+           (unsigned long long)st->probe_turn_bytes,
+           (double)st->probe_us[0] / 1e3, (double)st->probe_us[1] / 1e3);
+  else
+    fputs("null", stdout);
+  fputs(", \"tls\": {\"source\": ", stdout);
   copy_json_tls(&st->src_tls);
   fputs(", \"destination\": ", stdout);
   copy_json_tls(&st->dst_tls);

@@ -200,12 +200,10 @@ struct endpoint {
   unsigned connections;
   bool multi_conn;    /* server allows several connections */
   bool can_send_file; /* WRITE accepts from_file (plain NBD transport) */
-  bool prefer_buffers; /* TCP to a loopback address: with can_send_file,
-                          the buffer path is still the faster there (the
-                          receiver copies every payload either way, and
-                          a sendfile of page-cache pages cost the loop's
-                          thread more than the copy into the socket that
-                          workers' preads feed:
+  bool loopback;      /* TCP to a loopback address: with can_send_file,
+                          which path is faster depends on the machine
+                          (the receiver copies every payload either way),
+                          so the engine times both (its data path probe:
                           docs/copy-engine.md) */
   /* --retry: reconnections that succeeded, and WRITE payload bytes
    * that had left on a lost connection and were sent again. */

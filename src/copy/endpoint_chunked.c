@@ -379,7 +379,7 @@ endpoint_open_chunked(struct ep_env *env, const char *spec,
   /* A plain socket takes payloads straight from the source's file. */
   e->can_send_file = p->conn.tp.ops == &transport_plain_ops &&
                      !p->split_writes;
-  e->prefer_buffers = sock_is_tcp_loopback(p->conn.fd);
+  e->loopback = sock_is_tcp_loopback(p->conn.fd);
   if (p->tcp) {
     /* One connection carries the whole stream, and a frame is done when
      * the socket takes it: the send buffer is the window. Autotuning

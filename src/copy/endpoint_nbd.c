@@ -917,7 +917,7 @@ endpoint_open_nbd(struct ep_env *env, const char *spec,
   e->multi_conn = in->tflags & NBD_FLAG_CAN_MULTI_CONN;
   /* every connection has the same transport and options as the first */
   e->can_send_file = client_can_send_file(&p->slots[0].c);
-  e->prefer_buffers = sock_is_tcp_loopback(p->slots[0].c.fd);
+  e->loopback = sock_is_tcp_loopback(p->slots[0].c.fd);
   *out = e;
   return 0;
 fail:

@@ -502,6 +502,8 @@ eng_issue_one(struct engine *e)
   /* A piece to read-modify-write needs its bytes in a buffer; one the
    * source maps only in part is cut to what it maps, if that keeps to the
    * destination's blocks. */
+  if (e->probe.on)
+    eng_probe_step(e, len);
   struct endpoint_map map = { .fd = -1 };
   bool direct = e->send_file && !eng_needs_pad(e, e->pos, len) &&
                 e->src->ops->map(e->src, e->pos, len, &map) == 0;
@@ -833,11 +835,14 @@ eng_setup(struct engine *e)
    * feed in order. Zero detection then only sees holes. */
   e->send_file = e->dst && !o->no_zero_copy && !e->ordered &&
                  e->dst->can_send_file && e->src->ops->map != NULL &&
-                 (o->zero_copy || !e->dst->prefer_buffers) &&
                  !e->src->sequential &&
                  /* --no-extents hides the holes: only looking at the
                   * bytes finds the zeroes then */
                  !(o->no_extents && !o->no_zero_detect);
+  if (e->send_file && e->dst->loopback && !o->zero_copy) {
+    e->send_file = false;
+    eng_probe_setup(e);
+  }
   if (o->chunks) {
     e->chunk_state = XXH3_createState();
     if (e->chunk_state == NULL)
@@ -966,6 +971,18 @@ copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
 
   st->seconds = (double)(loop_now_us() - e->t_start_us) / 1e6;
   st->window = e->window;
+  if (e->probe.done || e->probe.on) {
+    st->probed = true;
+    st->probe_turns = e->probe.done ? COPY_PROBE_TURNS
+                                    : e->probe.turn ? e->probe.turn - 1 : 0;
+    st->probe_turn_bytes = e->probe.turn_bytes;
+    st->probe_us[0] = e->probe.us[0];
+    st->probe_us[1] = e->probe.us[1];
+    /* Cut short, the copy took both paths (the warm-up: sendfile). */
+    st->data_path = e->probe.done && !e->send_file ? "buffer"
+                  : e->probe.done || e->probe.turn < 2 ? "sendfile"
+                                                       : "mixed";
+  }
   st->src_connections = src->connections; /* later ones joined meanwhile */
   st->dst_connections = dst ? dst->connections : 0;
   st->reconnects = src->reconnects + (dst ? dst->reconnects : 0);

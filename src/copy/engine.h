@@ -32,6 +32,7 @@
 #define COPY_DEFAULT_REQUEST (512u << 10)
 #define COPY_WINDOW_FLOOR_REQUESTS 8      /* adaptive window floor */
 #define COPY_WINDOW_CAP (UINT64_C(256) << 20) /* adaptive window cap */
+#define COPY_PROBE_TURNS 8 /* data path probe: S B B S B S S B */
 #define COPY_MAX_ZERO_INFLIGHT 16
 #define COPY_CHUNK (UINT64_C(4) << 20)    /* verify digest granularity */
 /* --progress warns once the share of TCP_INFO samples that stalled (a
@@ -70,8 +71,8 @@ struct copy_opts {
   bool no_zero_copy;     /* always read into buffers (zero detection on
                             all data); else file -> plain NBD uses
                             sendfile */
-  bool zero_copy;        /* sendfile even where the destination prefers
-                            buffers (TCP to a loopback address) */
+  bool zero_copy;        /* sendfile over TCP to a loopback address too,
+                            where the data path probe chooses otherwise */
   unsigned max_requests; /* data and zero requests in flight at most,
                             over all connections; 0: no limit */
   unsigned request_limit; /* the same as a tuning limit (nbdcopy's -R),
@@ -128,7 +129,15 @@ struct copy_stats {
   uint64_t peak_inflight; /* most bytes in flight at once */
   unsigned peak_depth;    /* most data requests in flight at once */
   unsigned src_connections, dst_connections;
-  const char *data_path;  /* "buffer" or "sendfile" */
+  const char *data_path;  /* "buffer" or "sendfile"; "mixed" when the
+                             data path probe was cut short */
+  /* The data path probe (TCP to this host; docs/copy-engine.md): turns
+   * timed, of probe_turn_bytes each, and their summed time by path. */
+  bool probed;            /* the probe ran (it may have been cut short) */
+  unsigned probe_turns;   /* turns timed, of COPY_PROBE_TURNS */
+  uint64_t probe_turn_bytes;
+  uint64_t probe_us[2];   /* [0] sendfile, [1] buffers; with all turns
+                             timed, less the longest turn of each */
   char tcp_json[1024];    /* TCP diagnostics of the NBD side, or "" */
   /* the same per connection (an array), or "": room for
    * ENDPOINT_MAX_CONNECTIONS entries of about 750 bytes */

@@ -28,6 +28,8 @@
 #define ENG_ADAPT_MAX_US 1000000
 #define ENG_RATE_TICK_MS 20 /* the tick under --rate: its pacing step */
 #define ENG_DURABLE_US 10000000 /* flushes for --retry without --checkpoint */
+#define ENG_PROBE_MIN (UINT64_C(256) << 20) /* smallest source probed */
+#define ENG_PROBE_TURN_MAX (UINT64_C(16) << 20)
 
 enum cop_state { COP_FREE, COP_READING, COP_READY, COP_WRITING };
 
@@ -77,6 +79,20 @@ struct engine {
   bool send_file;       /* data pieces the source can map skip the read:
                            the destination sends them from the source's
                            file (sendfile) */
+  /* The data path probe (eng_probe): over TCP to this host, which of
+   * sendfile and buffers moves data faster depends on the machine, so
+   * a copy large enough times both, in turns, and keeps the faster. */
+  struct eng_probe {
+    bool on;              /* probing: send_file follows the turns */
+    bool done;            /* the choice is made */
+    unsigned turn;        /* turns begun, 0 in the warm-up */
+    uint64_t turn_bytes;  /* data bytes each turn issues */
+    uint64_t left;        /* data bytes left in this turn */
+    uint64_t lead;        /* ... before its clock starts */
+    uint64_t t_turn_us;   /* when its clock started */
+    uint64_t us[2];       /* time of the turns: [0] sendfile, [1] buffers */
+    uint64_t worst_us[2]; /* the longest turn of each */
+  } probe;
   uint32_t pad;         /* the destination's minimum block size (0: none):
                            a last piece that ends inside such a block is
                            read-modify-written (eng_needs_pad) */
@@ -225,6 +241,13 @@ void eng_sample_tcp(struct engine *e);
 /* Window and connection count fitted to bandwidth and RTT (about every
  * 4 RTTs). */
 void eng_adapt(struct engine *e);
+/* Sets up the data path probe where it applies (at setup, with send_file
+ * not yet set): sendfile would be taken but for a loopback destination,
+ * neither path was asked for, and the copy is large enough to time. */
+void eng_probe_setup(struct engine *e);
+/* A data piece of len is about to be issued: moves the probe on, which
+ * may switch send_file for this piece and the next. */
+void eng_probe_step(struct engine *e, uint64_t len);
 
 /* watchdog.c */
 

@@ -4,8 +4,10 @@
 # byte: odd sizes and partial last pieces, small requests batched deep,
 # several connections, sparse sources whose holes must overwrite old data
 # with zeroes, TCP (our server, --zero-copy) and Unix (nbdkit); that
-# --verify, --no-zero-copy and a default copy over TCP to this host take
-# the buffer path; and that a source which shrinks in
+# --verify, --no-zero-copy and a default copy of a small source over TCP
+# to this host take the buffer path, and a larger one times both paths
+# and keeps the faster (or, with too little data, reports both); and
+# that a source which shrinks in
 # the middle of a copy fails it with one line and a non-zero exit.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -108,6 +110,50 @@ if "$NBDFLOW" serve --help >/dev/null 2>&1; then
     copy_expect sendfile "--no-zero-copy then --zero-copy: the last wins" \
         --no-zero-copy --zero-copy "$TMP/src.img" "$URI"
     same "$TMP/src.img" "$TMP/exp.img"
+
+    # A source of 256 MiB or more over TCP to this host times both paths
+    # (eight turns of 8 MiB of data after a warm-up of one) and keeps
+    # buffers only when they took under 95% of sendfile's time.
+    make_sparse "$TMP/big.img" 256 "0:80 200:8"
+    truncate -s 256M "$TMP/bigexp.img"
+    serve_tcp "$TMP/bigexp.img"
+    probe_check () { # NAME: the report's probe, all turns timed
+        python3 - "$TMP/report.json" "$1" <<'PY' || fail "$(cat "$TMP/report.json")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+p = r["data_path_probe"]
+assert p and p["turns"] == 8 and p["of"] == 8, p
+assert p["turn_bytes"] == 8 << 20, p
+s, b = p["sendfile_ms"], p["buffer_ms"]
+assert s > 0 and b > 0, p
+want = "buffer" if b < 0.95 * s else "sendfile"
+# The figures are rounded to 0.1 ms: at the boundary either is right.
+if abs(b - 0.95 * s) > 0.2:
+    assert r["data_path"] == want, (r["data_path"], p)
+print(sys.argv[2] + ": chose " + r["data_path"] + ": sendfile %.1f ms, buffers %.1f ms" % (s, b))
+PY
+    }
+    rc=0
+    timeout 120 "$NBDFLOW" copy --json "$TMP/big.img" "$URI" >"$TMP/report.json" || rc=$?
+    [ "$rc" = 0 ] || fail "probed copy: exit $rc"
+    note "ok: $(probe_check "probed copy")"
+    same "$TMP/big.img" "$TMP/bigexp.img"
+    # The choice is the copy's alone: asked for, or paced, no probe.
+    for args in "--zero-copy sendfile" "--no-zero-copy buffer" "--rate 8G buffer"; do
+        read -r -a a <<<"${args% *}"
+        truncate -s 0 "$TMP/bigexp.img"; truncate -s 256M "$TMP/bigexp.img"
+        copy_expect "${args##* }" "256 MiB ${args% *}" "${a[@]}" "$TMP/big.img" "$URI"
+        python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["data_path_probe"] is None' \
+            "$TMP/report.json" || fail "${args% *}: a probe ran: $(cat "$TMP/report.json")"
+        same "$TMP/big.img" "$TMP/bigexp.img"
+    done
+    # Too little data to finish: the report says both paths were taken.
+    make_sparse "$TMP/thin.img" 256 "0:20 255:1"
+    truncate -s 0 "$TMP/bigexp.img"; truncate -s 256M "$TMP/bigexp.img"
+    copy_expect mixed "probe cut short" "$TMP/thin.img" "$URI"
+    python3 -c 'import json,sys; p = json.load(open(sys.argv[1]))["data_path_probe"]; assert 0 < p["turns"] < 8, p' \
+        "$TMP/report.json" || fail "cut short: $(cat "$TMP/report.json")"
+    same "$TMP/thin.img" "$TMP/bigexp.img"
 else
     note "nbdflow serve not built: TCP part not run"
 fi
