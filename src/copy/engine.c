@@ -499,11 +499,11 @@ eng_issue_one(struct engine *e)
   uint8_t *buf = NULL;
   size_t cap = (size_t)e->rsize; /* of buf */
   bool opening = len > e->rsize;
+  if (e->probe.on)
+    eng_probe_step(e, len); /* may switch send_file */
   /* A piece to read-modify-write needs its bytes in a buffer; one the
    * source maps only in part is cut to what it maps, if that keeps to the
    * destination's blocks. */
-  if (e->probe.on)
-    eng_probe_step(e, len);
   struct endpoint_map map = { .fd = -1 };
   bool direct = e->send_file && !eng_needs_pad(e, e->pos, len) &&
                 e->src->ops->map(e->src, e->pos, len, &map) == 0;
