@@ -217,13 +217,14 @@ copy_parse_retry(const char *v, struct copy_args *a)
   errno = 0;
   unsigned long n = strtoul(v, &end, 10);
   double d = COPY_RETRY_DELAY_MS / 1000.0;
-  if (errno || end == v || v[0] == '-' || n == 0 || n > COPY_RETRY_MAX)
+  if (errno || v[0] < '0' || v[0] > '9' || n == 0 || n > COPY_RETRY_MAX)
     goto bad;
   if (*end == ',') {
     const char *ds = end + 1;
     errno = 0;
     d = strtod(ds, &end);
-    if (errno || end == ds || !(d >= 0 && d <= 3600))
+    if (errno || !((*ds >= '0' && *ds <= '9') || *ds == '.') ||
+        !(d >= 0 && d <= 3600))
       goto bad;
   }
   if (*end != '\0')
@@ -460,7 +461,7 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     switch (ch) {
     case 'C':
     case OPT_CONNECTIONS:
-      if (size_parse(optarg, &v) < 0 || v == 0 || v > 64) {
+      if (count_parse(optarg, 64, &v) < 0 || v == 0) {
         log_error("--connections: 1 to 64, not '%s'", optarg);
         return 2;
       }
@@ -535,15 +536,13 @@ copy_parse(int argc, char **argv, struct copy_args *a)
     case 'T':
       /* nbdcopy's thread count: one event loop does our copying, so the
        * number is checked and has no effect. */
-      if (size_parse(optarg, &v) < 0 || v > 1024) {
+      if (count_parse(optarg, 1024, &v) < 0) {
         log_error("--threads: 0 to 1024, not '%s'", optarg);
         return 2;
       }
       break;
     case 'R':
-      /* a count: digits only, not a size such as 1K */
-      if (optarg[0] == '\0' || optarg[strspn(optarg, "0123456789")] != '\0' ||
-          size_parse(optarg, &v) < 0 || v == 0 || v > 65536) {
+      if (count_parse(optarg, 65536, &v) < 0 || v == 0) {
         log_error("--requests: 1 to 65536, not '%s'", optarg);
         return 2;
       }
@@ -557,7 +556,7 @@ copy_parse(int argc, char **argv, struct copy_args *a)
       a->nagle = true;
       break;
     case OPT_MAX_REQUESTS:
-      if (size_parse(optarg, &v) < 0 || v == 0 || v > 65536) {
+      if (count_parse(optarg, 65536, &v) < 0 || v == 0) {
         log_error("--max-requests: 1 to 65536, not '%s'", optarg);
         return 2;
       }
@@ -599,9 +598,7 @@ copy_parse(int argc, char **argv, struct copy_args *a)
       a->checkpoint = optarg;
       break;
     case OPT_CHECKPOINT_INTERVAL:
-      if (optarg[0] == '\0' ||
-          optarg[strspn(optarg, "0123456789")] != '\0' ||
-          size_parse(optarg, &v) < 0 || v == 0 || v > 86400) {
+      if (count_parse(optarg, 86400, &v) < 0 || v == 0) {
         log_error("--checkpoint-interval: whole seconds, 1 to 86400, not "
                   "'%s'", optarg);
         return 2;

@@ -818,7 +818,17 @@ cmd_info(int argc, char **argv)
   a.target = argv[optind];
   if (cmd_check_uri(a.target) < 0)
     return 2;
-  if (!uri_is_uri(a.target)) {
+  if (uri_is_uri(a.target)) {
+    /* info reads NBD exports and files: another URL (http://) is a
+     * usage error, named as opening it would. */
+    struct nbd_uri u;
+    char err[256];
+    if (uri_parse(a.target, &u, err, sizeof err) < 0) {
+      log_error("%s", err);
+      return 2;
+    }
+    uri_free(&u);
+  } else {
     /* What the command line alone shows is wrong with a file TARGET. */
     struct target t;
     char why[512];

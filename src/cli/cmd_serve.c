@@ -9,6 +9,7 @@
 #include "proto/nbd.h"
 #include "server/server.h"
 #include "util/log.h"
+#include "util/size.h"
 
 static void
 serve_usage(FILE *f)
@@ -85,9 +86,8 @@ serve_usage(FILE *f)
 static int
 serve_int(const char *opt, const char *arg, int min, int max, int *out)
 {
-  char *end;
-  long v = strtol(arg, &end, 10);
-  if (*arg == '\0' || *end || v < min || v > max) {
+  uint64_t v; /* digits only: no sign, space or suffix */
+  if (count_parse(arg, (uint64_t)max, &v) < 0 || v < (uint64_t)min) {
     log_error("%s: \"%s\" is not a number from %d to %d", opt, arg, min,
               max);
     return -1;

@@ -104,7 +104,7 @@ cmd_sum(int argc, char **argv)
       o.progress = optarg ? COPY_PROGRESS_JSON : COPY_PROGRESS_BAR;
       break;
     case 'c':
-      if (size_parse(optarg, &v) < 0 || v == 0 || v > 64) {
+      if (count_parse(optarg, 64, &v) < 0 || v == 0) {
         log_error("--connections: 1 to 64, not '%s'", optarg);
         return 2;
       }

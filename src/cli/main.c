@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "cli/cmd.h"
@@ -71,7 +72,7 @@ cmd_check_uri(const char *spec)
 {
   struct nbd_uri u;
   char err[256];
-  if (!uri_is_uri(spec) || strncmp(spec, "nbd", 3) != 0)
+  if (!uri_is_uri(spec) || strncasecmp(spec, "nbd", 3) != 0)
     return 0;
   if (uri_parse(spec, &u, err, sizeof err) < 0) {
     log_error("%s", err); /* it names the URI */

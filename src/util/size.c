@@ -8,6 +8,23 @@
 #include <strings.h>
 
 int
+count_parse(const char *s, uint64_t max, uint64_t *out)
+{
+  uint64_t v = 0;
+  if (*s == '\0')
+    return -EINVAL;
+  for (; *s; s++) {
+    if (*s < '0' || *s > '9')
+      return -EINVAL;
+    if (v > (max - (uint64_t)(*s - '0')) / 10)
+      return -ERANGE;
+    v = v * 10 + (uint64_t)(*s - '0');
+  }
+  *out = v;
+  return 0;
+}
+
+int
 size_parse(const char *s, uint64_t *out)
 {
   static const char units[] = "KMGTPE";

@@ -10,6 +10,11 @@
  * -ERANGE on overflow. */
 int size_parse(const char *s, uint64_t *out);
 
+/* Parses a count: decimal digits only (no sign, space or suffix: a
+ * count of 1K is a mistake, not 1024), at most max. Returns 0, -EINVAL
+ * on anything else or -ERANGE above max. */
+int count_parse(const char *s, uint64_t max, uint64_t *out);
+
 /* Formats n as "1.5 GiB" into buf; returns buf. */
 char *size_format(uint64_t n, char *buf, size_t len);
 

@@ -26,6 +26,21 @@ refused 2 "--connections: 1 to 64, not 'abc'" \
     copy --connections abc "$TMP/src.img" null:
 refused 2 "--max-requests: 1 to 65536, not '0'" \
     copy --max-requests 0 "$TMP/src.img" null:
+# A count is digits alone: 1K is a size, and a sign or a space a slip.
+refused 2 "--max-requests: 1 to 65536, not '1K'" \
+    copy --max-requests 1K "$TMP/src.img" null:
+refused 2 "--connections: 1 to 64, not ' 3'" \
+    copy --connections ' 3' "$TMP/src.img" null:
+refused 2 "--connections: 1 to 64, not '+3'" sum --connections +3 "$TMP/src.img"
+refused 2 "--threads: 0 to 1024, not '4K'" copy -T 4K "$TMP/src.img" null:
+refused 2 "--retry: N[,DELAY]" copy --retry ' 3' "$TMP/src.img" null:
+refused 2 "--retry: N[,DELAY]" copy --retry '3, 1' "$TMP/src.img" null:
+refused 2 "--checkpoint-interval: whole seconds" \
+    copy --checkpoint "$TMP/ck" --checkpoint-interval 1K "$TMP/src.img" "$TMP/o.img"
+refused 2 '--threads: "+4" is not a number from 1 to 256' \
+    serve --threads +4 "$TMP/src.img"
+refused 2 '--max-connections: "2K" is not a number' \
+    serve --max-connections 2K "$TMP/src.img"
 refused 2 "--inflight: at most 16G, not '8E'" \
     copy --inflight 8E "$TMP/src.img" null:
 refused 2 "error: 'sparse:1M:64K:0': need 0 < DATA <= PERIOD" \
@@ -47,7 +62,8 @@ refused 2 "error: nbd+unix:mem: 'nbd+unix:' must be followed by '//'" \
     copy "$TMP/src.img" nbd+unix:mem
 refused 2 "error: nbd+tcp://h/x: unknown scheme 'nbd+tcp'" \
     copy nbd+tcp://h/x "$TMP/out.img"
-refused 1 "error: http://h/x: unknown scheme 'http'" info http://h/x
+refused 2 "error: http://h/x: unknown scheme 'http'" info http://h/x
+refused 2 "error: NBD://h:x/: bad port 'x'" info NBD://h:x/
 refused 2 "error: nbds:/h/x: 'nbds:' must be followed by '//'" sum nbds:/h/x
 for f in nbd:mem nbd+unix:mem out.img; do
     [ ! -e "$TMP/$f" ] || fail "a refused copy created $f"
