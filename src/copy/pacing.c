@@ -259,9 +259,12 @@ eng_adapt(struct engine *e)
 void
 eng_probe_setup(struct engine *e)
 {
-  if (e->o->rate || e->size == UINT64_MAX || e->size < ENG_PROBE_MIN)
+  /* What this run copies: a resumed copy starts at o->start. */
+  uint64_t n = e->size == UINT64_MAX ? 0
+             : e->size - eng_min(e->o->start, e->size);
+  if (e->o->rate || n < ENG_PROBE_MIN)
     return; /* paced, or too short to time: buffers */
-  uint64_t t = e->size / 64;
+  uint64_t t = n / 64;
   if (t < (UINT64_C(8) << 20))
     t = UINT64_C(8) << 20;
   if (t > ENG_PROBE_TURN_MAX)
@@ -278,7 +281,7 @@ eng_probe_step(struct engine *e, uint64_t len)
   uint64_t now = loop_now_us();
   if (p->left > 0) {
     if (p->lead > 0 && (p->lead = len >= p->lead ? 0 : p->lead - len) == 0)
-      p->t_turn_us = now; /* the next piece starts the clock */
+      p->t_turn_us = now; /* one window issued: the clock starts */
     p->left = len >= p->left ? 0 : p->left - len;
     return;
   }

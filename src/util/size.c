@@ -16,9 +16,10 @@ count_parse(const char *s, uint64_t max, uint64_t *out)
   for (; *s; s++) {
     if (*s < '0' || *s > '9')
       return -EINVAL;
-    if (v > (max - (uint64_t)(*s - '0')) / 10)
+    uint64_t d = (uint64_t)(*s - '0');
+    if (d > max || v > (max - d) / 10)
       return -ERANGE;
-    v = v * 10 + (uint64_t)(*s - '0');
+    v = v * 10 + d;
   }
   *out = v;
   return 0;

@@ -39,6 +39,8 @@ refused 2 "--checkpoint-interval: whole seconds" \
     copy --checkpoint "$TMP/ck" --checkpoint-interval 1K "$TMP/src.img" "$TMP/o.img"
 refused 2 '--threads: "+4" is not a number from 1 to 256' \
     serve --threads +4 "$TMP/src.img"
+refused 2 '--loops: "9" is not a number from 1 to 8' \
+    serve --loops 9 "$TMP/src.img"
 refused 2 '--max-connections: "2K" is not a number' \
     serve --max-connections 2K "$TMP/src.img"
 refused 2 "--inflight: at most 16G, not '8E'" \

@@ -154,10 +154,12 @@ same "$TMP/src.img" "$TMP/local.img"
 # directory alone would refuse this server.
 truncate -s 0 "$TMP/exp.img"
 truncate -s 6M "$TMP/exp.img"
+# --tls-server-name is the name checked: 127.0.0.1 is not in the
+# certificate, localhost is.
 check "copy --tls-ca-file over a foreign --tls-certificates" \
     "$NBDFLOW" copy --tls-certificates "$TMP/foreign" \
     --tls-ca-file "$TMP/pki/ca-cert.pem" --tls-server-name localhost \
-    "$TMP/src.img" "https://localhost:$HPORT/nbd/disk"
+    "$TMP/src.img" "https://127.0.0.1:$HPORT/nbd/disk"
 same "$TMP/src.img" "$TMP/exp.img"
 
 make_random "$TMP/src2.img" 6

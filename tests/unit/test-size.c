@@ -161,10 +161,40 @@ test_format_exact(void)
   }
 }
 
+/* count_parse: digits alone, at most max. */
+static void
+test_count(void)
+{
+  static const struct {
+    const char *in;
+    uint64_t max;
+    int rc;
+    uint64_t want;
+  } cases[] = {
+    { "0", 8, 0, 0 },       { "8", 8, 0, 8 },
+    { "9", 8, -ERANGE, 0 }, { "10", 8, -ERANGE, 0 },
+    { "65536", 65536, 0, 65536 }, { "65537", 65536, -ERANGE, 0 },
+    { "18446744073709551615", UINT64_MAX, 0, UINT64_MAX },
+    { "18446744073709551616", UINT64_MAX, -ERANGE, 0 },
+    { "", 8, -EINVAL, 0 },  { "1K", 65536, -EINVAL, 0 },
+    { " 3", 8, -EINVAL, 0 }, { "+3", 8, -EINVAL, 0 },
+    { "-0", 8, -EINVAL, 0 }, { "3 ", 8, -EINVAL, 0 },
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    uint64_t v = 77;
+    int rc = count_parse(cases[i].in, cases[i].max, &v);
+    is((int64_t)rc, (int64_t)cases[i].rc, "count \"%s\" (max %llu): %d",
+       cases[i].in, (unsigned long long)cases[i].max, cases[i].rc);
+    is(v, rc == 0 ? cases[i].want : 77, "count \"%s\": value",
+       cases[i].in);
+  }
+}
+
 int
 main(void)
 {
   test_parse();
+  test_count();
   test_format();
   test_format_exact();
   test_round_trip();
