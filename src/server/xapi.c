@@ -481,18 +481,10 @@ xs_final(struct xsess *ss)
   }
   xs_answer(ss, 500, "Internal Server Error", NULL,
             "the body was not stored whole: the server's log says why");
-  ss->failed = false;
   /* The rest of the body may still come: a close with it unread would
-   * be a reset, which can take the answer with it. So the answer goes
-   * first, with our side shut, and what follows is dropped for up to a
-   * second. */
-  (void)ss->tp.ops->shutdown(&ss->tp);
-  uint64_t end = loop_now_ms() + 1000;
-  char drop[4096];
-  for (uint64_t now; (now = loop_now_ms()) < end;)
-    if (transport_recv_within(&ss->tp, drop, sizeof drop, (int)(end - now)) <
-        sizeof drop)
-      break;
+   * be a reset, which can take the answer with it. Answered, the
+   * session closes in order (xs_linger). */
+  ss->failed = false;
 }
 
 static void
@@ -699,6 +691,36 @@ xs_http(struct xsess *ss)
 
 /* ---- sessions ---- */
 
+/* A session that went well closes in order: our side is shut (TLS
+ * close_notify, FIN), then what the peer still sends is read and dropped
+ * until its own close, for at most XS_LINGER_MS. Closing with its bytes
+ * unread (a TLS sender's close_notify after the end marker) would send
+ * a reset, which the sender rightly takes for a stream not stored. */
+#define XS_LINGER_MS 1000
+
+static void
+xs_linger(struct xsess *ss)
+{
+  if (ss->tp.ops)
+    (void)ss->tp.ops->shutdown(&ss->tp);
+  else
+    (void)shutdown(ss->fd, SHUT_WR);
+  uint64_t start = loop_now_ms();
+  char buf[4096];
+  for (;;) {
+    ssize_t n = read(ss->fd, buf, sizeof buf);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+      return;
+    if (n > 0)
+      continue;
+    uint64_t spent = loop_now_ms() - start;
+    if (spent >= XS_LINGER_MS)
+      return;
+    struct pollfd pfd = { .fd = ss->fd, .events = POLLIN };
+    (void)poll(&pfd, 1, (int)(XS_LINGER_MS - spent));
+  }
+}
+
 static void *
 xs_thread(void *arg)
 {
@@ -717,6 +739,8 @@ xs_thread(void *arg)
       ss->failed = xs_chunked(ss, e) < 0;
     }
   }
+  if (!ss->failed && !ss->handed_over)
+    xs_linger(ss);
   if (ss->tp.ops)
     ss->tp.ops->free(&ss->tp);
   (void)xs_wait_writes(ss, NULL, 0); /* workers hold pipes: wait */
