@@ -942,7 +942,7 @@ copy_report_json(const struct copy_args *a, const struct copy_stats *st,
   if (st->probed)
     printf("{\"turns\": %u, \"of\": %u, \"turn_bytes\": %llu, "
            "\"sendfile_ms\": %.1f, \"buffer_ms\": %.1f}", st->probe_turns,
-           COPY_PROBE_TURNS,
+           st->probe_of,
            (unsigned long long)st->probe_turn_bytes,
            (double)st->probe_us[0] / 1e3, (double)st->probe_us[1] / 1e3);
   else

@@ -973,8 +973,9 @@ copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
   st->window = e->window;
   if (e->probe.done || e->probe.on) {
     st->probed = true;
-    st->probe_turns = e->probe.done ? COPY_PROBE_TURNS
+    st->probe_turns = e->probe.done ? e->probe.of
                                     : e->probe.turn ? e->probe.turn - 1 : 0;
+    st->probe_of = e->probe.of;
     st->probe_turn_bytes = e->probe.turn_bytes;
     st->probe_us[0] = e->probe.us[0];
     st->probe_us[1] = e->probe.us[1];

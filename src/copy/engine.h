@@ -33,6 +33,7 @@
 #define COPY_WINDOW_FLOOR_REQUESTS 8      /* adaptive window floor */
 #define COPY_WINDOW_CAP (UINT64_C(256) << 20) /* adaptive window cap */
 #define COPY_PROBE_TURNS 8 /* data path probe: S B B S B S S B */
+#define COPY_PROBE_TURNS_MAX 16 /* ... then B S S B S B B S when unclear */
 #define COPY_MAX_ZERO_INFLIGHT 16
 #define COPY_CHUNK (UINT64_C(4) << 20)    /* verify digest granularity */
 /* --progress warns once the share of TCP_INFO samples that stalled (a
@@ -134,7 +135,8 @@ struct copy_stats {
   /* The data path probe (TCP to this host; docs/copy-engine.md): turns
    * timed, of probe_turn_bytes each, and their summed time by path. */
   bool probed;            /* the probe ran (it may have been cut short) */
-  unsigned probe_turns;   /* turns timed, of COPY_PROBE_TURNS */
+  unsigned probe_turns;   /* turns timed, of probe_of */
+  unsigned probe_of;      /* COPY_PROBE_TURNS, or _MAX once extended */
   uint64_t probe_turn_bytes;
   uint64_t probe_us[2];   /* [0] sendfile, [1] buffers; with all turns
                              timed, less the longest turn of each */

@@ -29,7 +29,7 @@
 #define ENG_RATE_TICK_MS 20 /* the tick under --rate: its pacing step */
 #define ENG_DURABLE_US 10000000 /* flushes for --retry without --checkpoint */
 #define ENG_PROBE_MIN (UINT64_C(256) << 20) /* smallest source probed */
-#define ENG_PROBE_TURN_MAX (UINT64_C(16) << 20)
+#define ENG_PROBE_TURN_MAX (UINT64_C(32) << 20)
 
 enum cop_state { COP_FREE, COP_READING, COP_READY, COP_WRITING };
 
@@ -86,6 +86,8 @@ struct engine {
     bool on;              /* probing: send_file follows the turns */
     bool done;            /* the choice is made */
     unsigned turn;        /* turns begun, 0 in the warm-up */
+    unsigned of;          /* turns planned: COPY_PROBE_TURNS, or
+                             COPY_PROBE_TURNS_MAX when those were unclear */
     uint64_t turn_bytes;  /* data bytes each turn issues */
     uint64_t left;        /* data bytes left in this turn */
     uint64_t lead;        /* ... before its clock starts */

@@ -245,8 +245,13 @@ eng_adapt(struct engine *e)
  * 96 us against sendfile's 227 us, on another of the same kernel 281 us
  * against 144 us. So a copy large enough times both. After a warm-up of
  * one turn (sendfile: connections join, the opening piece goes), eight
- * turns of turn_bytes of data each, in the order S B B S B S S B (each
- * half of a Thue-Morse sequence sums to the same under a steady drift).
+ * turns of turn_bytes of data each (size / 32, 8 to 32 MiB: turns of at
+ * most 16 MiB lasted 2-5 ms into our server, near a scheduler tick, and
+ * chose buffers for a third of the copies of the issue-31 VHD, which
+ * then took 1.6x as long), in the order S B B S B S S B (each half of a
+ * Thue-Morse sequence sums to the same under a steady drift). When the
+ * two paths come within 10% of each other either way, eight turns more
+ * follow, in the order B S S B S B B S, and the sixteen decide.
  * Pieces leave at the pace the window frees, that is at the pace the
  * pieces one window earlier complete; so a turn's clock starts once it
  * has issued one window (the turn before is still completing then) and
@@ -264,13 +269,14 @@ eng_probe_setup(struct engine *e)
              : e->size - eng_min(e->o->start, e->size);
   if (e->o->rate || n < ENG_PROBE_MIN)
     return; /* paced, or too short to time: buffers */
-  uint64_t t = n / 64;
+  uint64_t t = n / 32;
   if (t < (UINT64_C(8) << 20))
     t = UINT64_C(8) << 20;
   if (t > ENG_PROBE_TURN_MAX)
     t = ENG_PROBE_TURN_MAX;
   t = (t + e->rsize - 1) / e->rsize * e->rsize;
-  e->probe = (struct eng_probe){ .on = true, .turn_bytes = t, .left = t };
+  e->probe = (struct eng_probe){ .on = true, .of = COPY_PROBE_TURNS,
+                                 .turn_bytes = t, .left = t };
   e->send_file = true;
 }
 
@@ -292,13 +298,18 @@ eng_probe_step(struct engine *e, uint64_t len)
     if (d > p->worst_us[!e->send_file])
       p->worst_us[!e->send_file] = d;
   }
-  if (p->turn == COPY_PROBE_TURNS) {
-    p->us[0] -= p->worst_us[0];
-    p->us[1] -= p->worst_us[1];
-    e->send_file = p->us[0] * 10 < p->us[1] * 9;
-    p->on = false;
-    p->done = true;
-    return;
+  if (p->turn == p->of) {
+    uint64_t s = p->us[0] - p->worst_us[0], b = p->us[1] - p->worst_us[1];
+    if (p->of == COPY_PROBE_TURNS && s * 10 >= b * 9 && s * 10 < b * 11) {
+      p->of = COPY_PROBE_TURNS_MAX; /* unclear: eight turns more */
+    } else {
+      e->send_file = s * 10 < b * 9;
+      p->us[0] = s;
+      p->us[1] = b;
+      p->on = false;
+      p->done = true;
+      return;
+    }
   }
   e->send_file = __builtin_popcount(p->turn) % 2 == 0;
   p->turn++;
