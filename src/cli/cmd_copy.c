@@ -114,7 +114,8 @@ copy_usage(FILE *f)
     "  -C, --connections N    NBD connections per endpoint (default: %d when\n"
     "                         the server advertises multi-conn, over TCP\n"
     "                         growing to %d while the window needs them;\n"
-    "                         else 1)\n"
+    "                         to a loopback address, one when timing says\n"
+    "                         it is faster; else 1)\n"
     "  --request-size SIZE    largest read/write (default 512K)\n"
     "  --inflight SIZE        bytes in flight (default: adaptive, 2 x\n"
     "                         bandwidth x RTT, at least 8 requests, cap 256M)\n"
@@ -945,6 +946,16 @@ copy_report_json(const struct copy_args *a, const struct copy_stats *st,
            st->probe_of,
            (unsigned long long)st->probe_turn_bytes,
            (double)st->probe_us[0] / 1e3, (double)st->probe_us[1] / 1e3);
+  else
+    fputs("null", stdout);
+  fputs(", \"connection_probe\": ", stdout);
+  if (st->conn_probed)
+    printf("{\"turns\": %u, \"of\": %u, \"turn_bytes\": %llu, "
+           "\"all_ms\": %.1f, \"one_ms\": %.1f, \"chose\": \"%s\"}",
+           st->conn_probe_turns, st->conn_probe_of,
+           (unsigned long long)st->probe_turn_bytes,
+           (double)st->conn_probe_us[0] / 1e3,
+           (double)st->conn_probe_us[1] / 1e3, st->conn_choice);
   else
     fputs("null", stdout);
   fputs(", \"tls\": {\"source\": ", stdout);

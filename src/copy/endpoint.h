@@ -156,6 +156,11 @@ struct endpoint_ops {
    * connection count is automatic may start more connections so that
    * none has to hold more than its transport can; it never closes any. */
   void (*fit_window)(struct endpoint *e, uint64_t bytes);
+  /* Optional, loop thread: new requests go to the first n live
+   * connections only (0: to all). Returns false, and changes nothing,
+   * when the endpoint opens a single connection or the user fixed
+   * their count. Requests in flight finish where they are. */
+  bool (*spread)(struct endpoint *e, unsigned n);
   /* Optional, loop thread, never blocks: where [off, off + len) of a
    * readable endpoint lies in a file, so that its bytes may leave by
    * sendfile(2) without being read here. Fills m with a run of 1 to len

@@ -102,12 +102,15 @@ nbd_pick(struct endpoint *e)
 {
   struct nbd_priv *p = e->priv;
   struct nbd_slot *best = NULL;
+  unsigned seen = 0;
   if (p->connecting)
     nbd_join_ready(e);
   for (unsigned i = 0; i < p->started; i++) {
     struct nbd_slot *s = &p->slots[i];
     if (!s->live || s->c.fatal)
       continue;
+    if (p->spread && seen++ == p->spread)
+      break;
     if (best == NULL || s->c.inflight_bytes < best->c.inflight_bytes ||
         (s->c.inflight_bytes == best->c.inflight_bytes &&
          s->c.inflight < best->c.inflight))
@@ -533,6 +536,16 @@ nbd_fit_window(struct endpoint *e, uint64_t bytes)
   ep_nbd_start_jobs(e, upto);
 }
 
+static bool
+nbd_spread(struct endpoint *e, unsigned n)
+{
+  struct nbd_priv *p = e->priv;
+  if (!p->auto_conns || p->n < 2)
+    return false;
+  p->spread = n;
+  return true;
+}
+
 static const struct endpoint_ops nbd_ops = {
   .kind = "nbd",
   .submit = ep_nbd_submit,
@@ -543,6 +556,7 @@ static const struct endpoint_ops nbd_ops = {
   .tls = nbd_tls,
   .sample_tcp = nbd_sample_tcp,
   .fit_window = nbd_fit_window,
+  .spread = nbd_spread,
   .tick = ep_nbd_tick,
   .lost = ep_nbd_lost_op,
 };

@@ -83,6 +83,8 @@ struct nbd_priv {
   bool flush_parked;      /* flush_op waits among them */
   unsigned first_conns;   /* connections to start at once (at open) */
   bool auto_conns;        /* the count is ours (no --connections) */
+  unsigned spread;        /* new requests go to the first `spread` live
+                             connections; 0: to all (endpoint_ops.spread) */
   int lost_err;           /* why the last connection was lost */
   char lost_msg[256];
   /* --retry-errors: ops whose error reply is worth another try, held

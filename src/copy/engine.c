@@ -971,19 +971,8 @@ copy_run(struct ep_env *env, struct endpoint *src, struct endpoint *dst,
 
   st->seconds = (double)(loop_now_us() - e->t_start_us) / 1e6;
   st->window = e->window;
-  if (e->probe.done || e->probe.on) {
-    st->probed = true;
-    st->probe_turns = e->probe.done ? e->probe.of
-                                    : e->probe.turn ? e->probe.turn - 1 : 0;
-    st->probe_of = e->probe.of;
-    st->probe_turn_bytes = e->probe.turn_bytes;
-    st->probe_us[0] = e->probe.us[0];
-    st->probe_us[1] = e->probe.us[1];
-    /* Cut short, the copy took both paths (the warm-up: sendfile). */
-    st->data_path = e->probe.done && !e->send_file ? "buffer"
-                  : e->probe.done || e->probe.turn < 2 ? "sendfile"
-                                                       : "mixed";
-  }
+  if (e->probe.done || e->probe.on)
+    eng_probe_report(e, st);
   st->src_connections = src->connections; /* later ones joined meanwhile */
   st->dst_connections = dst ? dst->connections : 0;
   st->reconnects = src->reconnects + (dst ? dst->reconnects : 0);

@@ -140,6 +140,12 @@ struct copy_stats {
   uint64_t probe_turn_bytes;
   uint64_t probe_us[2];   /* [0] sendfile, [1] buffers; with all turns
                              timed, less the longest turn of each */
+  /* Its connection stage, after the data path: the same for every
+   * connection ([0]) and one ([1]). */
+  bool conn_probed;       /* the stage ran (it may have been cut short) */
+  unsigned conn_probe_turns, conn_probe_of;
+  uint64_t conn_probe_us[2];
+  const char *conn_choice; /* "all", "one", or "mixed" (cut short) */
   char tcp_json[1024];    /* TCP diagnostics of the NBD side, or "" */
   /* the same per connection (an array), or "": room for
    * ENDPOINT_MAX_CONNECTIONS entries of about 750 bytes */

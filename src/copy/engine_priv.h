@@ -79,21 +79,33 @@ struct engine {
   bool send_file;       /* data pieces the source can map skip the read:
                            the destination sends them from the source's
                            file (sendfile) */
-  /* The data path probe (eng_probe): over TCP to this host, which of
-   * sendfile and buffers moves data faster depends on the machine, so
-   * a copy large enough times both, in turns, and keeps the faster. */
+  /* The probe (eng_probe_*): over TCP to this host, which of sendfile
+   * and buffers moves data faster, and whether one connection does
+   * better than several, depend on the machine and the server, so a
+   * copy large enough times both ways of each, in turns, and keeps the
+   * faster: the data path first, then the connections. */
   struct eng_probe {
-    bool on;              /* probing: send_file follows the turns */
-    bool done;            /* the choice is made */
-    unsigned turn;        /* turns begun, 0 in the warm-up */
+    bool on;              /* probing: the turns set what they compare */
+    bool done;            /* the data path is chosen */
+    enum { ENG_PROBE_PATH = 1, ENG_PROBE_CONNS } stage;
+    unsigned turn;        /* the stage's turns begun (in the data path
+                             stage, 0 in the warm-up) */
     unsigned of;          /* turns planned: COPY_PROBE_TURNS, or
                              COPY_PROBE_TURNS_MAX when those were unclear */
+    unsigned arm;         /* what the turn under way takes: 0 sendfile
+                             (one connection), 1 buffers (every one) */
     uint64_t turn_bytes;  /* data bytes each turn issues */
     uint64_t left;        /* data bytes left in this turn */
     uint64_t lead;        /* ... before its clock starts */
     uint64_t t_turn_us;   /* when its clock started */
-    uint64_t us[2];       /* time of the turns: [0] sendfile, [1] buffers */
+    uint64_t us[2];       /* the stage's turns by arm, summed */
     uint64_t worst_us[2]; /* the longest turn of each */
+    unsigned path_turns;  /* the data path stage, once done: its turns */
+    uint64_t path_us[2];  /* ... and times, less the longest of each */
+    bool conns;           /* the destination spreads its requests: the
+                             connection stage follows */
+    bool conns_done;      /* the connection stage chose */
+    bool all_conns;       /* ... every connection */
   } probe;
   uint32_t pad;         /* the destination's minimum block size (0: none):
                            a last piece that ends inside such a block is
@@ -250,6 +262,8 @@ void eng_probe_setup(struct engine *e);
 /* A data piece of len is about to be issued: moves the probe on, which
  * may switch send_file for this piece and the next. */
 void eng_probe_step(struct engine *e, uint64_t len);
+/* The probe's turns and choices, as far as it came, into st. */
+void eng_probe_report(const struct engine *e, struct copy_stats *st);
 
 /* watchdog.c */
 

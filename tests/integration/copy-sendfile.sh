@@ -6,7 +6,8 @@
 # with zeroes, TCP (our server, --zero-copy) and Unix (nbdkit); that
 # --verify, --no-zero-copy and a default copy of a small source over TCP
 # to this host take the buffer path, and a larger one times both paths
-# and keeps the faster (or, with too little data, reports both); and
+# and keeps the faster, then one connection against all (or, with too
+# little data, reports both paths); and
 # that a source which shrinks in
 # the middle of a copy fails it with one line and a non-zero exit.
 set -euo pipefail
@@ -114,10 +115,12 @@ if "$NBDFLOW" serve --help >/dev/null 2>&1; then
     # A source of 256 MiB or more over TCP to this host times both paths
     # (eight turns of 8 MiB of data after a warm-up of one, sixteen when
     # the eight put the paths within 10% of each other) and keeps
-    # sendfile only when it took under 90% of the buffers' time. The
-    # source holds data enough for the sixteen.
-    make_sparse "$TMP/big.img" 256 "0:150 200:8"
-    truncate -s 256M "$TMP/bigexp.img"
+    # sendfile only when it took under 90% of the buffers' time. Then,
+    # with several connections of its own choosing (one meanwhile), it
+    # times one against all the same way, and takes all only when they
+    # took under 90% of the time. The source holds data enough for both.
+    make_sparse "$TMP/big.img" 512 "0:300 500:8"
+    truncate -s 512M "$TMP/bigexp.img"
     serve_tcp "$TMP/bigexp.img"
     probe_check () { # NAME: the report's probe, all turns timed
         python3 - "$TMP/report.json" "$1" <<'PY' || fail "$(cat "$TMP/report.json")"
@@ -135,7 +138,18 @@ want = "sendfile" if s < 0.9 * b else "buffer"
 # The figures are rounded to 0.1 ms: at the boundary either is right.
 if abs(s - 0.9 * b) > 0.2:
     assert r["data_path"] == want, (r["data_path"], p)
-print(sys.argv[2] + ": chose " + r["data_path"] + ": sendfile %.1f ms, buffers %.1f ms" % (s, b))
+c = r["connection_probe"]
+assert c and c["of"] in (8, 16) and c["turns"] == c["of"], c
+assert c["turn_bytes"] == p["turn_bytes"], c
+a, o = c["all_ms"], c["one_ms"]
+assert a > 0 and o > 0, c
+if c["of"] == 8:
+    assert not (0.9 * o + 0.2 < a < 1.1 * o - 0.2), c
+if abs(a - 0.9 * o) > 0.2:
+    assert c["chose"] == ("all" if a < 0.9 * o else "one"), c
+assert r["connections"]["destination"] > 1, r["connections"]
+print(sys.argv[2] + ": chose " + r["data_path"] + ": sendfile %.1f ms, buffers %.1f ms" % (s, b)
+      + "; " + c["chose"] + ": one %.1f ms, all %.1f ms" % (o, a))
 PY
     }
     rc=0
@@ -146,12 +160,22 @@ PY
     # The choice is the copy's alone: asked for, or paced, no probe.
     for args in "--zero-copy sendfile" "--no-zero-copy buffer" "--rate 8G buffer"; do
         read -r -a a <<<"${args% *}"
-        truncate -s 0 "$TMP/bigexp.img"; truncate -s 256M "$TMP/bigexp.img"
+        truncate -s 0 "$TMP/bigexp.img"; truncate -s 512M "$TMP/bigexp.img"
         copy_expect "${args##* }" "256 MiB ${args% *}" "${a[@]}" "$TMP/big.img" "$URI"
-        python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["data_path_probe"] is None' \
+        python3 -c 'import json,sys; r = json.load(open(sys.argv[1])); assert r["data_path_probe"] is None and r["connection_probe"] is None' \
             "$TMP/report.json" || fail "${args% *}: a probe ran: $(cat "$TMP/report.json")"
         same "$TMP/big.img" "$TMP/bigexp.img"
     done
+    # A count given (-C) is the user's: the data path is timed, the
+    # connections are not.
+    truncate -s 0 "$TMP/bigexp.img"; truncate -s 512M "$TMP/bigexp.img"
+    rc=0
+    timeout 120 "$NBDFLOW" copy --json -C 2 "$TMP/big.img" "$URI" >"$TMP/report.json" || rc=$?
+    [ "$rc" = 0 ] || fail "-C 2: exit $rc"
+    python3 -c 'import json,sys; r = json.load(open(sys.argv[1])); assert r["data_path_probe"]["turns"] > 0 and r["connection_probe"] is None and r["connections"]["destination"] == 2, r' \
+        "$TMP/report.json" || fail "-C 2: $(cat "$TMP/report.json")"
+    same "$TMP/big.img" "$TMP/bigexp.img"
+    note "ok: -C 2: no connection stage"
     # Too little data to finish: the report says both paths were taken.
     make_sparse "$TMP/thin.img" 256 "0:20 255:1"
     truncate -s 0 "$TMP/bigexp.img"; truncate -s 256M "$TMP/bigexp.img"
