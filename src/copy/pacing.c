@@ -260,14 +260,14 @@ eng_adapt(struct engine *e)
  * sendfile is taken only when it took under 90% of the buffers' time:
  * into a freshly started nbdkit over TCP its turns measured close to
  * the buffers' while the whole copy took 1.4x as long (1.79 s against
- * 1.19-1.39 s for 2 GiB), so a near tie keeps the old default.
- * Where the destination has several connections of its own choosing,
- * new requests go to one of them meanwhile, and a second stage of the
- * same form then sets one against all (O A A O A O O A): on two cores
- * shared with the server, one connection took 0.8x the time of four
- * into our server and 0.9x into nbdkit, but 1.2x into nbd-server (a
- * process per connection), so the server decides. All are taken only
- * when they took under 90% of the time of one. */
+ * 1.19-1.39 s for 2 GiB), so a near tie keeps buffers.
+ * Where the destination has several connections of its own choosing, a
+ * second stage of the same form then sets one against all (O A A O A O
+ * O A): on two cores shared with the server, one connection took 0.8x
+ * the time of four into our server and 0.9x into nbdkit, but 1.2x into
+ * nbd-server (a process per connection), so the server decides. All
+ * are kept only when they took under 90% of the time of one: a near tie
+ * keeps one. */
 void
 eng_probe_setup(struct engine *e)
 {
@@ -286,8 +286,9 @@ eng_probe_setup(struct engine *e)
                                  .of = COPY_PROBE_TURNS, .turn_bytes = t,
                                  .left = t };
   e->send_file = true;
-  /* One connection until the connection stage says otherwise. */
-  e->probe.conns = e->dst->ops->spread && e->dst->ops->spread(e->dst, 1);
+  /* Every connection until the connection stage says otherwise: a copy
+   * that ends inside the probe keeps the spread it always had. */
+  e->probe.conns = e->dst->ops->spread && e->dst->ops->spread(e->dst, 0);
 }
 
 /* Sets what turn i of the stage compares: arm 0 (sendfile; one
@@ -333,7 +334,8 @@ eng_probe_path_done(struct engine *e, bool send_file)
   p->path_turns = p->of;
   p->path_us[0] = p->us[0];
   p->path_us[1] = p->us[1];
-  p->on = p->conns;
+  /* Connections that failed to join leave nothing to compare. */
+  p->on = p->conns && e->dst->connections >= 2;
   if (!p->on)
     return;
   p->stage = ENG_PROBE_CONNS;
