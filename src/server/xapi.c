@@ -707,17 +707,16 @@ xs_linger(struct xsess *ss)
     (void)shutdown(ss->fd, SHUT_WR);
   uint64_t start = loop_now_ms();
   char buf[4096];
-  for (;;) {
+  /* The bound holds while bytes keep coming too: a peer that never
+   * stops sending must not hold this thread. */
+  for (uint64_t spent; (spent = loop_now_ms() - start) < XS_LINGER_MS;) {
     ssize_t n = read(ss->fd, buf, sizeof buf);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
       return;
-    if (n > 0)
-      continue;
-    uint64_t spent = loop_now_ms() - start;
-    if (spent >= XS_LINGER_MS)
-      return;
-    struct pollfd pfd = { .fd = ss->fd, .events = POLLIN };
-    (void)poll(&pfd, 1, (int)(XS_LINGER_MS - spent));
+    if (n < 0) {
+      struct pollfd pfd = { .fd = ss->fd, .events = POLLIN };
+      (void)poll(&pfd, 1, (int)(XS_LINGER_MS - spent));
+    }
   }
 }
 
