@@ -297,6 +297,14 @@ uri_parse_parts(const char *s, struct nbd_uri *u, char *err, size_t errlen)
 
   if (strchr(p, '#'))
     return uri_fail(err, errlen, "fragments are not allowed");
+  /* RFC 3986 has no spaces or control characters in a URI (qemu and
+   * libnbd refuse them too): a name that holds them is written with
+   * escapes, and taking one raw would hide a quoting mistake. */
+  for (const char *c = p; *c; c++)
+    if ((unsigned char)*c <= ' ' || *c == 0x7f)
+      return uri_fail(err, errlen, "byte 0x%02x at offset %zu is not "
+                      "allowed in a URI: percent-encode it (%%%02X)",
+                      (unsigned char)*c, (size_t)(c - s), (unsigned char)*c);
   size_t alen = strcspn(p, "/?");
   if (u->unix_socket && alen > 0 && p[alen - 1] == '@' &&
       memchr(p, '@', alen - 1) == NULL) {

@@ -175,6 +175,11 @@ main(void)
   expect_fail("nbd://host/?tls-verify-peer=1%00", "tls-verify-peer with a NUL");
   expect_fail("nbd+unix:///?socket=%00abstract", "abstract socket refused");
   expect_fail("nbd://host/e#frag", "fragment");
+  expect_fail("nbd://host/my export", "unescaped space in the export name");
+  expect_fail("nbd://host/e?tls-certificates=/a b", "unescaped space in a query");
+  expect_fail("nbd+unix:///e?socket=/tmp/s\tx", "tab in a socket path");
+  expect_ok("nbd://host/my%20export", false, false, "host", "10809", NULL,
+            "my export");
 
   check(uri_is_uri("nbd+unix:///?socket=x") && uri_is_uri("nbds://h") &&
           uri_is_uri("NBD://h") && !uri_is_uri("disk.img") &&
