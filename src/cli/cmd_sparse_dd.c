@@ -4,7 +4,8 @@
  *   sparse_dd -machine -src SRC -dest DEST -size BYTES [-prezeroed]
  *     [-base BASE] [-dest-proto nbd|chunked|none] [-nbd-export NAME]
  *     [-good-ciphersuites S] [-legacy-ciphersuites S] [-ssl-legacy]
- *     [-encryption-mode always|never|user]
+ *     [-encryption-mode always|never|user] [-nice N] [-ionice_class C
+ *     [-ionice_class_data N]] [-unbuffered BOOL]
  * and reads its progress from stdout: with -machine, Chunked frames whose
  * payload is "Progress: N", closed by the end header. Exit status 5 says
  * that the NBD server answered with an error; any other failure is 1
@@ -15,13 +16,16 @@
  * ("N/100") through a pipe, turned into frames by a thread. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "cli/cmd.h"
@@ -41,6 +45,8 @@ sparse_dd_usage(FILE *f)
 "         [-nbd-export NAME] [-encryption-mode always|never|user]\n"
 "         [-good-ciphersuites S] [-legacy-ciphersuites S] [-ssl-legacy]\n"
 "         [-verify-dest [-cert-bundle-path FILE]] [-sni NAME]\n"
+"         [-nice N] [-ionice_class C [-ionice_class_data N]]\n"
+"         [-unbuffered true|false]\n"
 "\n"
 "xapi's sparse_dd command line, run as 'nbdflow copy':\n"
 "  -src SRC            a file, block device or NBD URI\n"
@@ -71,6 +77,16 @@ sparse_dd_usage(FILE *f)
 "                      the system's CAs; without it, nothing is checked,\n"
 "                      as xapi's sparse_dd does\n"
 "  -sni NAME           https: the server name sent\n"
+"  -nice N             the whole copy's CPU priority (-20 to 19, as nice)\n"
+"  -ionice_class C     its I/O class (as ionice -c: 0 none, 1 realtime,\n"
+"                      2 best-effort, 3 idle), with -ionice_class_data N\n"
+"                      (0 to 7) for classes 1 and 2; as xapi's sparse_dd,\n"
+"                      a value that is not a number is ignored with a\n"
+"                      message, and one out of range is clipped\n"
+"  -unbuffered BOOL    accepted (true or false): files are read through\n"
+"                      the page cache\n"
+"  -experimental-reads-bypass-tapdisk, -experimental-writes-bypass-tapdisk\n"
+"                      refused: SRC and DEST are used as given\n"
 "  -help, --help       show this help\n"
 "\n"
 "Without -verify-dest, $NBDFLOW_TLS_CERTIFICATES (a directory holding\n"
@@ -78,6 +94,68 @@ sparse_dd_usage(FILE *f)
 "\n"
 "Exit status: 0 copied; 5 the NBD server answered with an error; 2 usage\n"
 "error; 1 any other failure.\n");
+}
+
+/* A -nice or -ionice_class[_data] value as an int, or false after a
+ * message: xapi's sparse_dd ignores such a value and copies all the same
+ * (its config file supplies them). NULL: not given, no message. */
+static bool
+sparse_dd_int(const char *opt, const char *s, int *out)
+{
+  if (s == NULL)
+    return false;
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || end == s || *end || v < INT_MIN || v > INT_MAX) {
+    log_error("ignoring %s '%.100s': not a number", opt, s);
+    return false;
+  }
+  *out = (int)v;
+  return true;
+}
+
+static int
+sparse_dd_clip(const char *opt, int v, int lo, int hi)
+{
+  if (v >= lo && v <= hi)
+    return v;
+  int c = v < lo ? lo : hi;
+  log_warn("%s %d is out of range (%d to %d): using %d", opt, v, lo, hi, c);
+  return c;
+}
+
+#define SPARSE_DD_IOPRIO_SHIFT 13 /* the kernel's IOPRIO_CLASS_SHIFT */
+#define SPARSE_DD_IOPRIO_WHO_PROCESS 1
+#define SPARSE_DD_IOPRIO_DATA 4 /* ionice's level when none is given */
+
+/* Sets the CPU and I/O priority of this thread, before any other starts:
+ * the threads the copy starts inherit both. A refusal (raising the
+ * priority needs CAP_SYS_NICE) is said and the copy goes on, as in
+ * xapi's sparse_dd, which runs renice and ionice and ignores them. */
+static void
+sparse_dd_priorities(const char *nice_s, const char *class_s,
+                     const char *data_s)
+{
+  int n, c, d;
+  if (sparse_dd_int("-nice", nice_s, &n)) {
+    n = sparse_dd_clip("-nice", n, -20, 19);
+    if (setpriority(PRIO_PROCESS, 0, n) < 0)
+      log_warn("-nice %d: %s", n, strerror(errno));
+  }
+  if (!sparse_dd_int("-ionice_class", class_s, &c))
+    return;
+  if (c < 0 || c > 3) {
+    log_error("ignoring -ionice_class %d: the classes are 0 to 3", c);
+    return;
+  }
+  int prio = c << SPARSE_DD_IOPRIO_SHIFT;
+  if (c == 1 || c == 2)
+    prio |= sparse_dd_int("-ionice_class_data", data_s, &d)
+                ? sparse_dd_clip("-ionice_class_data", d, 0, 7)
+                : SPARSE_DD_IOPRIO_DATA;
+  if (syscall(SYS_ioprio_set, SPARSE_DD_IOPRIO_WHO_PROCESS, 0, prio) < 0)
+    log_warn("-ionice_class %d: %s", c, strerror(errno));
 }
 
 struct progress_relay {
@@ -258,6 +336,7 @@ cmd_sparse_dd(int argc, char **argv)
   const char *src = NULL, *dest = NULL, *size_s = NULL, *proto = NULL;
   const char *export_name = NULL, *mode = "user", *base = NULL;
   const char *bundle = NULL, *sni = NULL; /* -cert-bundle-path, -sni */
+  const char *nice_s = NULL, *ioclass = NULL, *iodata = NULL;
   bool machine = false, prezeroed = false, progress_bar = false;
   bool verify_dest = false;
   for (int i = 1; i < argc; i++) {
@@ -285,7 +364,10 @@ cmd_sparse_dd(int argc, char **argv)
                 strcmp(o, "-encryption-mode") == 0 ||
                 strcmp(o, "-good-ciphersuites") == 0 ||
                 strcmp(o, "-cert-bundle-path") == 0 ||
-                strcmp(o, "-sni") == 0 ||
+                strcmp(o, "-sni") == 0 || strcmp(o, "-nice") == 0 ||
+                strcmp(o, "-ionice_class") == 0 ||
+                strcmp(o, "-ionice_class_data") == 0 ||
+                strcmp(o, "-unbuffered") == 0 ||
                 strcmp(o, "-legacy-ciphersuites") == 0)) {
       char what[96];
       snprintf(what, sizeof what, "%s needs a value", o);
@@ -319,6 +401,29 @@ cmd_sparse_dd(int argc, char **argv)
       sni = argv[++i];
     } else if (strcmp(o, "-legacy-ciphersuites") == 0) {
       i++; /* legacy suites are never offered (docs/xapi.md) */
+    } else if (strcmp(o, "-nice") == 0) {
+      nice_s = argv[++i];
+    } else if (strcmp(o, "-ionice_class") == 0) {
+      ioclass = argv[++i];
+    } else if (strcmp(o, "-ionice_class_data") == 0) {
+      iodata = argv[++i];
+    } else if (strcmp(o, "-unbuffered") == 0) {
+      /* O_DIRECT in xapi's sparse_dd; files are read through the page
+       * cache here. Its value is a boolean all the same. */
+      const char *v = argv[++i];
+      if (strcmp(v, "true") != 0 && strcmp(v, "false") != 0) {
+        char what[160];
+        snprintf(what, sizeof what, "-unbuffered: true or false, not "
+                 "'%.100s'", v);
+        return cmd_usage_error("sparse_dd", what);
+      }
+    } else if (strcmp(o, "-experimental-reads-bypass-tapdisk") == 0 ||
+               strcmp(o, "-experimental-writes-bypass-tapdisk") == 0) {
+      char what[200];
+      snprintf(what, sizeof what, "%s is not supported: SRC and DEST are "
+               "read and written as given (vhd:PATH reads a VHD file's "
+               "disk)", o);
+      return cmd_usage_error("sparse_dd", what);
     } else {
       char what[160];
       snprintf(what, sizeof what, "unknown option '%.100s'", o);
@@ -375,6 +480,7 @@ cmd_sparse_dd(int argc, char **argv)
       return cmd_usage_error("sparse_dd", what);
     }
   }
+  sparse_dd_priorities(nice_s, ioclass, iodata);
   int pfd[2];
   if (pipe2(pfd, O_CLOEXEC) < 0) {
     log_error("pipe: %s", strerror(errno));

@@ -6,8 +6,9 @@
 # Chunked with -prezeroed; exit status 5 when the NBD server answers a
 # write with an error (nbdkit's error filter), 1 for a -size below the
 # source's (a larger one is the destination's, and copies), 2 for
-# usage errors; -base sends only the blocks that differ from the base.
-# Every copy verified.
+# usage errors; -base sends only the blocks that differ from the base;
+# -nice and -ionice_class set every thread's priorities. Every copy
+# verified.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 tmpdir_make
@@ -220,6 +221,45 @@ rc=0
 serve_stop
 
 need nbdkit
+# -nice and -ionice_class reach every thread of the copy: read from /proc
+# while a slow source (nbdkit's delay filter) holds the copy open.
+kit "$TMP/slow.sock" --filter=delay file "$TMP/src.img" rdelay=1
+"$NBDFLOW" sparse_dd -src "$(uri "$TMP/slow.sock")" -dest "$TMP/pr.img" \
+    -size "$size" -nice 7 -ionice_class 2 -ionice_class_data 6 \
+    -unbuffered true 2>"$TMP/err" &
+sdd=$!
+wait_for sh -c "[ \$(ls /proc/$sdd/task | wc -l) -ge 3 ]"
+tasks=0
+for t in /proc/$sdd/task/*; do
+    st=$(cat "$t/stat" 2>/dev/null) || continue # ended meanwhile
+    nice=$(echo "${st##*) }" | awk '{print $17}')
+    io=$(ionice -p "${t##*/}" 2>/dev/null) || continue
+    [ "$nice" = 7 ] && [ "$io" = "best-effort: prio 6" ] ||
+        fail "thread ${t##*/} ($(cat "$t/comm")): nice $nice, I/O '$io'"
+    tasks=$((tasks + 1))
+done
+[ "$tasks" -ge 2 ] || fail "only $tasks threads seen"
+wait "$sdd" || fail "sparse_dd -nice -ionice_class: $(cat "$TMP/err")"
+same "$TMP/src.img" "$TMP/pr.img"
+note "ok: -nice 7 -ionice_class 2 -ionice_class_data 6 on $tasks threads"
+# As xapi's sparse_dd: a value that is no number is ignored, said, and
+# the copy goes on; an -unbuffered that is no boolean is a usage error.
+rm -f "$TMP/pr.img"
+"$NBDFLOW" sparse_dd -src "$TMP/src.img" -dest "$TMP/pr.img" -size "$size" \
+    -nice x -ionice_class 9 2>"$TMP/err" || fail "-nice x: $(cat "$TMP/err")"
+grep -q "ignoring -nice 'x'" "$TMP/err" && grep -q "ignoring -ionice_class 9" "$TMP/err" ||
+    fail "bad -nice/-ionice_class not said: $(cat "$TMP/err")"
+same "$TMP/src.img" "$TMP/pr.img"
+rc=0
+"$NBDFLOW" sparse_dd -src "$TMP/src.img" -dest "$TMP/pr.img" -size "$size" \
+    -unbuffered yes 2>"$TMP/err" || rc=$?
+[ "$rc" = 2 ] || fail "-unbuffered yes: status $rc"
+rc=0
+"$NBDFLOW" sparse_dd -src "$TMP/src.img" -dest "$TMP/pr.img" -size "$size" \
+    -experimental-writes-bypass-tapdisk 2>"$TMP/err" || rc=$?
+[ "$rc" = 2 ] && grep -q "not supported" "$TMP/err" ||
+    fail "-experimental-writes-bypass-tapdisk: status $rc: $(cat "$TMP/err")"
+note "ok: bad priorities ignored and said; -unbuffered yes and tapdisk bypass refused"
 # An error reply while -base compares: status 5, as in the copy.
 kit "$TMP/bad.sock" --filter=error memory $((8 << 20)) error-pread=EIO \
     error-pread-rate=1
