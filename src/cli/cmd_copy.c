@@ -1528,7 +1528,10 @@ cmd_copy(int argc, char **argv)
     .timeout_s = a.o.timeout_s,
     .retry = a.retry, .retry_delay_ms = a.retry_delay_ms,
     .retry_errors = a.retry_errors,
-    .create_size = s.src->size_known ? s.src->size : UINT64_MAX,
+    /* A raw DST holds --dst-size when given (a pipe's input that is
+     * longer then fails, copy_input_left), else the source's size. */
+    .create_size = a.dst_size_given && !alloc_block ? a.dst_size
+                 : s.src->size_known ? s.src->size : UINT64_MAX,
     .format = a.dst_format,
     .format_given = a.dst_format != IMAGE_FORMAT_AUTO,
     .alloc = alloc.bits,

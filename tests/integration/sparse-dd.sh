@@ -97,11 +97,37 @@ rc=0
     fail "a -size below the source's: status $rc: $(cat "$TMP/err")"
 [ ! -e "$TMP/x.img" ] || fail "a -size below the source's: DEST was made"
 # -size is the destination's size (xapi passes the remote VDI's, which
-# may be larger than the source, as xapi's sparse_dd allows).
+# may be larger than the source, as xapi's sparse_dd allows): a file DEST
+# has that size, the source's bytes first, and what lay beyond them in a
+# file already that size stays.
+big=$((size + (4 << 20)))
 check "a -size above the source's" "$NBDFLOW" sparse_dd -src "$TMP/src.img" \
-    -dest "$TMP/big.img" -size $((size + (4 << 20)))
-same "$TMP/src.img" "$TMP/big.img"
+    -dest "$TMP/big.img" -size "$big"
+[ "$(stat -c %s "$TMP/big.img")" = "$big" ] ||
+    fail "DEST is $(stat -c %s "$TMP/big.img") bytes, not -size $big"
+cmp -n "$size" "$TMP/src.img" "$TMP/big.img" || fail "DEST's first $size bytes differ"
+cmp -i "$size:0" -n $((4 << 20)) "$TMP/big.img" /dev/zero || fail "DEST's tail is not zeroes"
+head -c "$big" /dev/urandom >"$TMP/big.img"
+tail -c $((4 << 20)) "$TMP/big.img" >"$TMP/tail.want"
+check "a -size above the source's, into a file of that size" \
+    "$NBDFLOW" sparse_dd -src "$TMP/src.img" -dest "$TMP/big.img" -size "$big"
+cmp -n "$size" "$TMP/src.img" "$TMP/big.img" || fail "DEST's first $size bytes differ"
+tail -c $((4 << 20)) "$TMP/big.img" | cmp - "$TMP/tail.want" ||
+    fail "the bytes beyond the source were not left as they were"
+note "ok: -size $big: DEST is that size, the source first, the rest kept"
 rm -f "$TMP/big.img"
+# From standard input the size shows only at the end: input beyond -size
+# is a failure, not a copy of its first bytes.
+rc=0
+head -c $((size + 4096)) /dev/urandom | "$NBDFLOW" copy --dst-size "$size" - "$TMP/pipe.img" \
+    2>"$TMP/err" || rc=$?
+[ "$rc" = 1 ] && grep -q "standard input is longer than" "$TMP/err" ||
+    fail "input beyond --dst-size: status $rc: $(cat "$TMP/err")"
+head -c "$size" "$TMP/src.img" | "$NBDFLOW" copy --dst-size "$big" - "$TMP/pipe.img" ||
+    fail "a pipe into --dst-size above its length"
+cmp -n "$size" "$TMP/src.img" "$TMP/pipe.img" && [ "$(stat -c %s "$TMP/pipe.img")" = "$big" ] ||
+    fail "a pipe into --dst-size $big: $(stat -c %s "$TMP/pipe.img") bytes"
+note "ok: --dst-size from a pipe: longer input fails, shorter fills the start"
 rc=0
 "$NBDFLOW" sparse_dd -src "$TMP/src.img" -size 1 2>"$TMP/err" || rc=$?
 [ "$rc" = 2 ] || fail "no -dest: status $rc: $(cat "$TMP/err")"
