@@ -1006,7 +1006,8 @@ copy_verify(struct copy_args *a, const struct copy_chunks *want,
     return 0; /* nothing was copied, so nothing can differ */
   if (copy_session_open(&s) < 0)
     goto out;
-  struct endpoint_opts eo = { .write = false, .connections = a->connections,
+  struct endpoint_opts eo = { .write = false, .as_dst = true,
+                              .connections = a->connections,
                               .timeout_s = a->o.timeout_s,
                               .retry = a->retry,
                               .retry_delay_ms = a->retry_delay_ms,

@@ -728,7 +728,7 @@ endpoint_check(const char *spec, const struct endpoint_opts *o, char *err,
                                  errlen) < 0 ? -EINVAL : 0;
   }
   struct target t;
-  target_parse(spec, !o->write, &t);
+  target_parse(spec, !o->write && !o->as_dst, &t);
   if (target_check_prefix(&t, spec, err, errlen) < 0)
     return -EINVAL;
   if (t.format_given && o->format_given && t.format != o->format) {
@@ -816,7 +816,7 @@ endpoint_open(struct ep_env *env, const char *spec,
       strncmp(spec, "chunked+unix://", 15) == 0)
     return endpoint_open_chunked_socket(env, spec, o, out, err, errlen);
   struct target t;
-  target_parse(spec, !o->write, &t);
+  target_parse(spec, !o->write && !o->as_dst, &t);
   if (o->write && o->protocol == EP_PROTO_CHUNKED)
     return chunked_file_open(env, spec, &t, o, out, err, errlen);
   switch (t.kind) {

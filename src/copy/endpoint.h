@@ -252,6 +252,9 @@ int nbd_uri_from_http(const struct ep_http *x, const char *export_name,
 struct endpoint_opts {
   /* EXTENTS is issued one at a time per endpoint. */
   bool write;           /* open as destination */
+  bool as_dst;          /* a source named as a destination is (copy
+                           --verify reads DST back): "zero:1M" is a file
+                           there, never a generated source */
   const char *shown;    /* the name for messages (an http URL with its
                            secrets hidden), or NULL: the spec; borrowed */
   unsigned connections; /* NBD: 0 = automatic */

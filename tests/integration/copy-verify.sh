@@ -46,4 +46,11 @@ note "ok: $(cat "$TMP/err")"
     fail "--verify of an empty source: $(cat "$TMP/err")"
 grep -q '"verified": true' "$TMP/out" || fail "empty source: $(cat "$TMP/out")"
 note "ok: --verify of an empty source"
+
+# DST is read back as the destination it was: a file named like a
+# generated source ("zero:8M") is that file, not zeroes.
+make_random "$TMP/r.img" 8
+(cd "$TMP" && "$NBDFLOW" copy --verify r.img zero:8M) 2>"$TMP/err" ||
+    fail "--verify into a file named zero:8M: $(cat "$TMP/err")"
+same "$TMP/r.img" "$TMP/zero:8M"
 echo "PASS"
