@@ -632,7 +632,9 @@ copy_parse(int argc, char **argv, struct copy_args *a)
       a->base = optarg;
       break;
     case OPT_DST_SIZE:
-      if (size_parse(optarg, &a->dst_size) < 0) {
+      /* A file's size is an off_t: larger is no size a DST can have. */
+      if (size_parse(optarg, &a->dst_size) < 0 ||
+          a->dst_size > (uint64_t)INT64_MAX) {
         log_error("--dst-size: bad size '%s'", optarg);
         return 2;
       }
@@ -1263,7 +1265,8 @@ copy_checkpoint_stream(const struct copy_args *a)
  * created. Returns 0, or -1 after the error. */
 static int
 copy_checkpoint_precheck(const struct copy_args *a,
-                         const struct copy_session *s, uint32_t alloc_block)
+                         const struct copy_session *s, uint32_t alloc_block,
+                         uint64_t *dst_size)
 {
   char err[512];
   struct journal_side src;
@@ -1273,8 +1276,8 @@ copy_checkpoint_precheck(const struct copy_args *a,
   }
   if (copy_journal_src(a, s, &src, err, sizeof err) < 0 ||
       journal_precheck(a->checkpoint, &src, a->dst,
-                       copy_dst_format(a) <= IMAGE_FORMAT_RAW, err,
-                       sizeof err) < 0) {
+                       copy_dst_format(a) <= IMAGE_FORMAT_RAW, dst_size,
+                       err, sizeof err) < 0) {
     log_error("%s", err);
     return -1;
   }
@@ -1504,7 +1507,9 @@ cmd_copy(int argc, char **argv)
   if (copy_space_check(&a, s.src) < 0)
     goto out;
   uint32_t alloc_block = copy_alloc_block(&a);
-  if (a.checkpoint && copy_checkpoint_precheck(&a, &s, alloc_block) < 0)
+  uint64_t resumed_size = UINT64_MAX; /* DST's, from the journal */
+  if (a.checkpoint &&
+      copy_checkpoint_precheck(&a, &s, alloc_block, &resumed_size) < 0)
     goto out; /* before the scan of the source, and DST's open */
   if (alloc_block) {
     struct target dt;
@@ -1530,9 +1535,13 @@ cmd_copy(int argc, char **argv)
     .retry = a.retry, .retry_delay_ms = a.retry_delay_ms,
     .retry_errors = a.retry_errors,
     /* A raw DST holds --dst-size when given (a pipe's input that is
-     * longer then fails, copy_input_left), else the source's size. */
-    .create_size = a.dst_size_given && !alloc_block ? a.dst_size
-                 : s.src->size_known ? s.src->size : UINT64_MAX,
+     * longer then fails, copy_input_left), else the source's size; a
+     * resumed copy's keeps the size its journal holds, which the
+     * precheck found it has. */
+    .create_size = resumed_size != UINT64_MAX          ? resumed_size
+                 : a.dst_size_given && !alloc_block ? a.dst_size
+                 : s.src->size_known                ? s.src->size
+                                                    : UINT64_MAX,
     .format = a.dst_format,
     .format_given = a.dst_format != IMAGE_FORMAT_AUTO,
     .alloc = alloc.bits,

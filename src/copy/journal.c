@@ -398,10 +398,11 @@ journal_dir(const char *path)
 
 int
 journal_precheck(const char *path, const struct journal_side *src,
-                 const char *dst_spec, bool dst_raw, char *err,
-                 size_t errlen)
+                 const char *dst_spec, bool dst_raw, uint64_t *dst_size,
+                 char *err, size_t errlen)
 {
   struct journal_rec old;
+  *dst_size = UINT64_MAX;
   int r = journal_load(path, &old, err, errlen);
   if (r == -ENOENT) {
     /* A new journal: its directory must take the file. */
@@ -434,6 +435,8 @@ journal_precheck(const char *path, const struct journal_side *src,
   r = journal_side_init(&dst, dst_spec, false, size, err, errlen);
   if (r == 0)
     r = journal_check(path, src, &dst, &old, err, errlen);
+  if (r == 0)
+    *dst_size = old.dst.size;
   return r;
 }
 

@@ -65,10 +65,12 @@ int journal_side_init(struct journal_side *side, const char *spec, bool src,
  * destination's identity as it is now, and, when dst_raw says it is
  * written raw, a regular file's size too (journal_open checks the size
  * of the rest); when path does not exist, its directory must be
- * writable. Returns 0, or -errno with a sentence in err. */
+ * writable. *dst_size: the destination's size the journal holds, or
+ * UINT64_MAX when there is none yet. Returns 0, or -errno with a
+ * sentence in err. */
 int journal_precheck(const char *path, const struct journal_side *src,
-                     const char *dst_spec, bool dst_raw, char *err,
-                     size_t errlen);
+                     const char *dst_spec, bool dst_raw, uint64_t *dst_size,
+                     char *err, size_t errlen);
 
 struct journal;
 

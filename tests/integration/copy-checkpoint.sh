@@ -176,4 +176,20 @@ for args in "--checkpoint $TMP/j5 $TMP/src.img -" \
     [ "$rc" = 2 ] || fail "copy $args: exit $rc: $(cat "$TMP/err")"
 done
 note "ok: --checkpoint with '-' or --no-flush is refused"
+
+# A journal holds the size --dst-size gave a local DST: resumed without
+# (or with another), the file keeps that size and the copy continues.
+big=$(( $(stat -c %s "$TMP/small.img") + (4 << 20) ))
+check "a checkpointed copy with --dst-size" "$NBDFLOW" copy --checkpoint \
+    "$TMP/j9" --dst-size "$big" "$TMP/small.img" "$TMP/sized.img"
+for extra in "" "--dst-size $((big + 4096))"; do
+    # shellcheck disable=SC2086
+    check "resumed ${extra:-without --dst-size}" "$NBDFLOW" copy $extra \
+        --checkpoint "$TMP/j9" "$TMP/small.img" "$TMP/sized.img"
+    [ "$(stat -c %s "$TMP/sized.img")" = "$big" ] ||
+        fail "resumed ${extra:-without --dst-size}: DST is $(stat -c %s "$TMP/sized.img") bytes, not $big"
+    cmp -n "$(stat -c %s "$TMP/small.img")" "$TMP/small.img" "$TMP/sized.img" ||
+        fail "resumed ${extra:-without --dst-size}: DST differs"
+done
+note "ok: a resumed copy keeps the --dst-size its journal holds"
 echo "PASS"
