@@ -804,6 +804,13 @@ copy_parse(int argc, char **argv, struct copy_args *a)
               "back (not '-' or null:)");
     return 2;
   }
+  if (a->verify && dst_http) {
+    /* The upload's NBD session ends with the copy; the URL opens no
+     * other. */
+    log_error("--verify: an http(s) DESTINATION is an upload that cannot "
+              "be read back: check the receiver's copy with 'nbdflow sum'");
+    return 2;
+  }
   return -1;
 }
 
@@ -1572,6 +1579,15 @@ cmd_copy(int argc, char **argv)
     /* An http(s) DESTINATION whose answer asked for a Chunked body:
      * known only now. */
     copy_chunked_refusal(&a);
+    rc = 2;
+    goto out;
+  }
+  if (a.verify &&
+      (s.dst->sequential || strcmp(s.dst->ops->kind, "null") == 0)) {
+    /* A FIFO, a character device, /dev/null: known once it is open. */
+    log_error("%s cannot be read back (a FIFO, a character device or "
+              "/dev/null): --verify needs a file, a block device or an NBD "
+              "server", a.dst);
     rc = 2;
     goto out;
   }
