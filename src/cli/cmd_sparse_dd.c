@@ -96,32 +96,59 @@ sparse_dd_usage(FILE *f)
 "error; 1 any other failure.\n");
 }
 
-/* A -nice or -ionice_class[_data] value as an int, or false after a
- * message: xapi's sparse_dd ignores such a value and copies all the same
- * (its config file supplies them). NULL: not given, no message. */
+/* A -nice or -ionice_class[_data] value, read as OCaml's int_of_string
+ * reads it (xapi's sparse_dd does): an optional sign, decimal or 0x, 0o,
+ * 0b digits, '_' between them; a value past the range of *out is held at
+ * its end (it is clipped later). False after a message for anything
+ * else: xapi's sparse_dd ignores such a value and copies all the same
+ * (its configuration supplies them). NULL: not given, no message. */
 static bool
-sparse_dd_int(const char *opt, const char *s, int *out)
+sparse_dd_int(const char *opt, const char *s, long long *out)
 {
   if (s == NULL)
     return false;
-  char *end;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (errno || end == s || *end || v < INT_MIN || v > INT_MAX) {
+  const char *p = s;
+  bool neg = *p == '-';
+  if (*p == '-' || *p == '+')
+    p++;
+  unsigned base = 10;
+  if (p[0] == '0' && p[1] && strchr("xXoObB", p[1])) {
+    base = strchr("xX", p[1]) ? 16 : strchr("oO", p[1]) ? 8 : 2;
+    p += 2;
+  }
+  unsigned long long v = 0;
+  bool digits = false, big = false;
+  for (; *p; p++) {
+    if (*p == '_' && digits)
+      continue;
+    int d = uri_hexval(*p);
+    if (d < 0 || (unsigned)d >= base)
+      break;
+    digits = true;
+    if (v > (ULLONG_MAX - (unsigned)d) / base)
+      big = true;
+    else
+      v = v * base + (unsigned)d;
+  }
+  if (!digits || *p) {
     log_error("ignoring %s '%.100s': not a number", opt, s);
     return false;
   }
-  *out = (int)v;
+  if (big || v > (unsigned long long)LLONG_MAX)
+    *out = neg ? LLONG_MIN : LLONG_MAX;
+  else
+    *out = neg ? -(long long)v : (long long)v;
   return true;
 }
 
 static int
-sparse_dd_clip(const char *opt, int v, int lo, int hi)
+sparse_dd_clip(const char *opt, const char *s, long long v, int lo, int hi)
 {
   if (v >= lo && v <= hi)
-    return v;
+    return (int)v;
   int c = v < lo ? lo : hi;
-  log_warn("%s %d is out of range (%d to %d): using %d", opt, v, lo, hi, c);
+  log_warn("%s %.100s is out of range (%d to %d): using %d", opt, s, lo, hi,
+           c);
   return c;
 }
 
@@ -137,25 +164,27 @@ static void
 sparse_dd_priorities(const char *nice_s, const char *class_s,
                      const char *data_s)
 {
-  int n, c, d;
+  long long n, c, d;
   if (sparse_dd_int("-nice", nice_s, &n)) {
-    n = sparse_dd_clip("-nice", n, -20, 19);
-    if (setpriority(PRIO_PROCESS, 0, n) < 0)
-      log_warn("-nice %d: %s", n, strerror(errno));
+    int v = sparse_dd_clip("-nice", nice_s, n, -20, 19);
+    if (setpriority(PRIO_PROCESS, 0, v) < 0)
+      log_warn("-nice %d: %s", v, strerror(errno));
   }
+  /* Read (and a bad one said) whatever the class, as the original. */
+  bool has_data = sparse_dd_int("-ionice_class_data", data_s, &d);
   if (!sparse_dd_int("-ionice_class", class_s, &c))
     return;
   if (c < 0 || c > 3) {
-    log_error("ignoring -ionice_class %d: the classes are 0 to 3", c);
+    log_error("ignoring -ionice_class %.100s: the classes are 0 to 3",
+              class_s);
     return;
   }
-  int prio = c << SPARSE_DD_IOPRIO_SHIFT;
+  int prio = (int)c << SPARSE_DD_IOPRIO_SHIFT;
   if (c == 1 || c == 2)
-    prio |= sparse_dd_int("-ionice_class_data", data_s, &d)
-                ? sparse_dd_clip("-ionice_class_data", d, 0, 7)
-                : SPARSE_DD_IOPRIO_DATA;
+    prio |= has_data ? sparse_dd_clip("-ionice_class_data", data_s, d, 0, 7)
+                     : SPARSE_DD_IOPRIO_DATA;
   if (syscall(SYS_ioprio_set, SPARSE_DD_IOPRIO_WHO_PROCESS, 0, prio) < 0)
-    log_warn("-ionice_class %d: %s", c, strerror(errno));
+    log_warn("-ionice_class %d: %s", (int)c, strerror(errno));
 }
 
 struct progress_relay {
