@@ -804,6 +804,17 @@ copy_parse(int argc, char **argv, struct copy_args *a)
               "back (not '-' or null:)");
     return 2;
   }
+  struct target vt;
+  struct stat vst;
+  target_parse(a->dst, false, &vt);
+  if (a->verify && vt.kind == TARGET_FILE && stat(vt.arg, &vst) == 0 &&
+      (S_ISFIFO(vst.st_mode) || S_ISCHR(vst.st_mode))) {
+    /* Before it is opened: opening a FIFO waits for its reader. */
+    log_error("%s is a %s and cannot be read back: --verify needs a file, "
+              "a block device or an NBD server", a->dst,
+              S_ISFIFO(vst.st_mode) ? "FIFO" : "character device");
+    return 2;
+  }
   if (a->verify && dst_http) {
     /* The upload's NBD session ends with the copy; the URL opens no
      * other. */
@@ -1579,15 +1590,6 @@ cmd_copy(int argc, char **argv)
     /* An http(s) DESTINATION whose answer asked for a Chunked body:
      * known only now. */
     copy_chunked_refusal(&a);
-    rc = 2;
-    goto out;
-  }
-  if (a.verify &&
-      (s.dst->sequential || strcmp(s.dst->ops->kind, "null") == 0)) {
-    /* A FIFO, a character device, /dev/null: known once it is open. */
-    log_error("%s cannot be read back (a FIFO, a character device or "
-              "/dev/null): --verify needs a file, a block device or an NBD "
-              "server", a.dst);
     rc = 2;
     goto out;
   }
