@@ -97,11 +97,12 @@ sparse_dd_usage(FILE *f)
 }
 
 /* A -nice or -ionice_class[_data] value, read as OCaml's int_of_string
- * reads it (xapi's sparse_dd does): an optional sign, decimal or 0x, 0o,
- * 0b digits, '_' between them; a value past the range of *out is held at
- * its end (it is clipped later). False after a message for anything
- * else: xapi's sparse_dd ignores such a value and copies all the same
- * (its configuration supplies them). NULL: not given, no message. */
+ * reads it (xapi's sparse_dd does), into OCaml's 63-bit int: an
+ * optional sign, then decimal digits (at most 2^62 - 1), or 0x, 0o, 0b
+ * or 0u digits (at most 2^63 - 1, wrapping to negative from 2^62), '_'
+ * after the first digit. False after a message for anything else, as
+ * xapi's sparse_dd ignores such a value and copies all the same (its
+ * configuration supplies them). NULL: not given, no message. */
 static bool
 sparse_dd_int(const char *opt, const char *s, long long *out)
 {
@@ -112,11 +113,18 @@ sparse_dd_int(const char *opt, const char *s, long long *out)
   if (*p == '-' || *p == '+')
     p++;
   unsigned base = 10;
-  if (p[0] == '0' && p[1] && strchr("xXoObB", p[1])) {
-    base = strchr("xX", p[1]) ? 16 : strchr("oO", p[1]) ? 8 : 2;
+  bool wraps = false;
+  if (p[0] == '0' && p[1] && strchr("xXoObBuU", p[1])) {
+    base = strchr("xX", p[1]) ? 16 : strchr("oO", p[1]) ? 8
+         : strchr("bB", p[1]) ? 2 : 10;
+    wraps = true;
     p += 2;
   }
-  unsigned long long v = 0;
+  /* OCaml's min_int, -2^62, is one further than max_int. */
+  const uint64_t max = wraps  ? (UINT64_C(1) << 63) - 1
+                     : neg    ? UINT64_C(1) << 62
+                              : (UINT64_C(1) << 62) - 1;
+  uint64_t v = 0;
   bool digits = false, big = false;
   for (; *p; p++) {
     if (*p == '_' && digits)
@@ -125,19 +133,19 @@ sparse_dd_int(const char *opt, const char *s, long long *out)
     if (d < 0 || (unsigned)d >= base)
       break;
     digits = true;
-    if (v > (ULLONG_MAX - (unsigned)d) / base)
+    if (v > (max - (unsigned)d) / base)
       big = true;
     else
       v = v * base + (unsigned)d;
   }
-  if (!digits || *p) {
+  if (!digits || *p || big) {
     log_error("ignoring %s '%.100s': not a number", opt, s);
     return false;
   }
-  if (big || v > (unsigned long long)LLONG_MAX)
-    *out = neg ? LLONG_MIN : LLONG_MAX;
-  else
-    *out = neg ? -(long long)v : (long long)v;
+  long long x = (long long)v;
+  if (wraps && v >= UINT64_C(1) << 62)
+    x = (long long)v - (1LL << 62) - (1LL << 62); /* as a 63-bit int */
+  *out = neg ? -x : x;
   return true;
 }
 
