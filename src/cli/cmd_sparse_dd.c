@@ -142,10 +142,15 @@ sparse_dd_int(const char *opt, const char *s, long long *out)
     log_error("ignoring %s '%.100s': not a number", opt, s);
     return false;
   }
-  long long x = (long long)v;
-  if (wraps && v >= UINT64_C(1) << 62)
-    x = (long long)v - (1LL << 62) - (1LL << 62); /* as a 63-bit int */
-  *out = neg ? -x : x;
+  if (!wraps) {
+    *out = neg ? -(long long)v : (long long)v;
+    return true;
+  }
+  /* As OCaml: negated as an unsigned word, then kept to 63 bits, bit 62
+   * the sign. */
+  uint64_t u = (neg ? UINT64_C(0) - v : v) & ((UINT64_C(1) << 63) - 1);
+  *out = u >= UINT64_C(1) << 62 ? (long long)u - (1LL << 62) - (1LL << 62)
+                                : (long long)u;
   return true;
 }
 

@@ -257,13 +257,18 @@ grep -q "ignoring -nice 'x'" "$TMP/err" && grep -q "ignoring -ionice_class 9" "$
     ! grep -q "ionice_class_data" "$TMP/err" ||
     fail "bad -nice/-ionice_class not said: $(cat "$TMP/err")"
 same "$TMP/src.img" "$TMP/pr.img"
-# OCaml's int is 63 bits: 2^62 is no number there, 2^62 - 1 is clipped.
+# OCaml's int is 63 bits: 2^62 is no number there, 2^62 - 1 is clipped,
+# and -0x4000000000000000 is its min_int (clipped to -20).
 "$NBDFLOW" sparse_dd -src "$TMP/src.img" -dest "$TMP/pr.img" -size "$size" \
-    -nice 4611686018427387904 -ionice_class 0b1_1 -ionice_class_data \
+    -nice 4611686018427387904 -ionice_class 0b1_0 -ionice_class_data \
     4611686018427387903 2>"$TMP/err" || fail "63-bit values: $(cat "$TMP/err")"
 grep -q "ignoring -nice '4611686018427387904': not a number" "$TMP/err" &&
-    ! grep -q "ionice_class" "$TMP/err" ||
+    grep -q "ionice_class_data 4611686018427387903 is out of range (0 to 7): using 7" "$TMP/err" ||
     fail "63-bit values: $(cat "$TMP/err")"
+"$NBDFLOW" sparse_dd -src "$TMP/src.img" -dest "$TMP/pr.img" -size "$size" \
+    -nice -0x4000000000000000 2>"$TMP/err" || fail "min_int: $(cat "$TMP/err")"
+grep -q "nice -0x4000000000000000 is out of range (-20 to 19): using -20" "$TMP/err" ||
+    fail "-nice -0x4000000000000000: $(cat "$TMP/err")"
 rc=0
 "$NBDFLOW" sparse_dd -src "$TMP/src.img" -dest "$TMP/pr.img" -size "$size" \
     -unbuffered yes 2>"$TMP/err" || rc=$?
@@ -305,6 +310,7 @@ else
     else
         want_nice=19
     fi
+    rm -f "$TMP/pr.img"
     kit "$TMP/slow.sock" --filter=delay file "$TMP/src.img" rdelay=1
     "$NBDFLOW" sparse_dd -src "$(uri "$TMP/slow.sock")" -dest "$TMP/pr.img" \
         -size "$size" -nice 19 -ionice_class 2 -ionice_class_data 6 \
