@@ -200,6 +200,23 @@ sparse_dd_priorities(const char *nice_s, const char *class_s,
     log_warn("-ionice_class %d: %s", (int)c, strerror(errno));
 }
 
+/* An option that takes a value: where it goes, and whether a second one
+ * is refused (those that name what is copied) or replaces the first. */
+struct sparse_dd_opt {
+  const char *name;
+  const char **slot;
+  bool once;
+};
+
+static const struct sparse_dd_opt *
+sparse_dd_valued(const struct sparse_dd_opt *opts, const char *name)
+{
+  for (; opts->name; opts++)
+    if (strcmp(opts->name, name) == 0)
+      return opts;
+  return NULL;
+}
+
 struct progress_relay {
   int rfd;
   bool machine;
@@ -379,8 +396,30 @@ cmd_sparse_dd(int argc, char **argv)
   const char *export_name = NULL, *mode = "user", *base = NULL;
   const char *bundle = NULL, *sni = NULL; /* -cert-bundle-path, -sni */
   const char *nice_s = NULL, *ioclass = NULL, *iodata = NULL;
+  /* Taken and not used: legacy suites are never offered (docs/xapi.md),
+   * and files go through the page cache. */
+  const char *legacy = NULL, *unbuffered = NULL;
   bool machine = false, prezeroed = false, progress_bar = false;
   bool verify_dest = false;
+  const struct sparse_dd_opt valued[] = {
+    { "-src", &src, true },
+    { "-dest", &dest, true },
+    { "-size", &size_s, true },
+    { "-base", &base, true },
+    { "-dest-proto", &proto, false },
+    { "-nbd-export", &export_name, false },
+    { "-encryption-mode", &mode, false },
+    { "-good-ciphersuites", &good, false },
+    { "-legacy-ciphersuites", &legacy, false },
+    { "-cert-bundle-path", &bundle, false },
+    { "-sni", &sni, false },
+    { "-nice", &nice_s, false },
+    { "-ionice_class", &ioclass, false },
+    { "-ionice_class_data", &iodata, false },
+    { "-unbuffered", &unbuffered, false },
+    { NULL, NULL, false },
+  };
+  const struct sparse_dd_opt *v;
   for (int i = 1; i < argc; i++) {
     const char *o = argv[i];
     bool has_arg = i + 1 < argc;
@@ -398,65 +437,23 @@ cmd_sparse_dd(int argc, char **argv)
       prezeroed = true;
     } else if (strcmp(o, "-ssl-legacy") == 0) {
       /* TLS 1.0 and 1.1 are never offered (docs/xapi.md). */
-    } else if (!has_arg &&
-               (strcmp(o, "-src") == 0 || strcmp(o, "-dest") == 0 ||
-                strcmp(o, "-size") == 0 || strcmp(o, "-base") == 0 ||
-                strcmp(o, "-dest-proto") == 0 ||
-                strcmp(o, "-nbd-export") == 0 ||
-                strcmp(o, "-encryption-mode") == 0 ||
-                strcmp(o, "-good-ciphersuites") == 0 ||
-                strcmp(o, "-cert-bundle-path") == 0 ||
-                strcmp(o, "-sni") == 0 || strcmp(o, "-nice") == 0 ||
-                strcmp(o, "-ionice_class") == 0 ||
-                strcmp(o, "-ionice_class_data") == 0 ||
-                strcmp(o, "-unbuffered") == 0 ||
-                strcmp(o, "-legacy-ciphersuites") == 0)) {
-      char what[96];
-      snprintf(what, sizeof what, "%s needs a value", o);
-      return cmd_usage_error("sparse_dd", what);
-    } else if ((strcmp(o, "-src") == 0 && src) ||
-               (strcmp(o, "-dest") == 0 && dest) ||
-               (strcmp(o, "-size") == 0 && size_s) ||
-               (strcmp(o, "-base") == 0 && base)) {
-      char what[96];
-      snprintf(what, sizeof what, "%s given twice", o);
-      return cmd_usage_error("sparse_dd", what);
-    } else if (strcmp(o, "-src") == 0) {
-      src = argv[++i];
-    } else if (strcmp(o, "-dest") == 0) {
-      dest = argv[++i];
-    } else if (strcmp(o, "-size") == 0) {
-      size_s = argv[++i];
-    } else if (strcmp(o, "-base") == 0) {
-      base = argv[++i];
-    } else if (strcmp(o, "-dest-proto") == 0) {
-      proto = argv[++i];
-    } else if (strcmp(o, "-nbd-export") == 0) {
-      export_name = argv[++i];
-    } else if (strcmp(o, "-encryption-mode") == 0) {
-      mode = argv[++i];
-    } else if (strcmp(o, "-good-ciphersuites") == 0) {
-      good = argv[++i];
-    } else if (strcmp(o, "-cert-bundle-path") == 0) {
-      bundle = argv[++i];
-    } else if (strcmp(o, "-sni") == 0) {
-      sni = argv[++i];
-    } else if (strcmp(o, "-legacy-ciphersuites") == 0) {
-      i++; /* legacy suites are never offered (docs/xapi.md) */
-    } else if (strcmp(o, "-nice") == 0) {
-      nice_s = argv[++i];
-    } else if (strcmp(o, "-ionice_class") == 0) {
-      ioclass = argv[++i];
-    } else if (strcmp(o, "-ionice_class_data") == 0) {
-      iodata = argv[++i];
-    } else if (strcmp(o, "-unbuffered") == 0) {
+    } else if ((v = sparse_dd_valued(valued, o)) != NULL) {
+      char what[160];
+      if (!has_arg) {
+        snprintf(what, sizeof what, "%s needs a value", o);
+        return cmd_usage_error("sparse_dd", what);
+      }
+      if (v->once && *v->slot) {
+        snprintf(what, sizeof what, "%s given twice", o);
+        return cmd_usage_error("sparse_dd", what);
+      }
+      *v->slot = argv[++i];
       /* O_DIRECT in xapi's sparse_dd; files are read through the page
        * cache here. Its value is a boolean all the same. */
-      const char *v = argv[++i];
-      if (strcmp(v, "true") != 0 && strcmp(v, "false") != 0) {
-        char what[160];
+      if (v->slot == &unbuffered && strcmp(unbuffered, "true") != 0 &&
+          strcmp(unbuffered, "false") != 0) {
         snprintf(what, sizeof what, "-unbuffered: true or false, not "
-                 "'%.100s'", v);
+                 "'%.100s'", unbuffered);
         return cmd_usage_error("sparse_dd", what);
       }
     } else if (strcmp(o, "-experimental-reads-bypass-tapdisk") == 0 ||
