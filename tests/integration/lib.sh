@@ -81,12 +81,12 @@ trap 'exit 1' INT TERM
 # Makes TMP, a private temporary directory removed at exit. The tests
 # write its paths into NBD URIs (nbd+unix:///?socket=PATH) and shell
 # commands unescaped, so a TMPDIR with any other byte than these (a
-# space, a quote, '%', '&'...) is passed over for /tmp, with a line.
+# space, a quote, '%', '&', '+'...) is passed over for /tmp, with a line.
 tmpdir_make () {
     local base=${TMPDIR:-/tmp}
-    if [[ ! $base =~ ^[A-Za-z0-9/._+-]+$ ]]; then
-        echo "note: TMPDIR '$base' has bytes the tests' URIs would need" \
-             "escaped; using /tmp" >&2
+    if [[ ! $base =~ ^[A-Za-z0-9/._-]+$ ]]; then
+        note "TMPDIR '$base' has bytes the tests' URIs would need" \
+             "escaped; using /tmp"
         base=/tmp
     fi
     TMP=$(mktemp -d "$base/nbdflow-test.XXXXXX") ||
