@@ -257,13 +257,10 @@ eng_adapt(struct engine *e)
  * has issued one window (the turn before is still completing then) and
  * stops at the issue of the next turn's first piece. The longest turn of
  * each path is dropped (one preemption is not the path's fault).
- * sendfile is taken only when it took under 80% of the buffers' time:
+ * sendfile is taken only when it took under 90% of the buffers' time:
  * into a freshly started nbdkit over TCP its turns measured close to
  * the buffers' while the whole copy took 1.4x as long (1.79 s against
- * 1.19-1.39 s for 2 GiB), so a near tie keeps buffers. The bar is 80%,
- * not 90%, because the wrong choices differ in cost: sendfile where
- * buffers were faster took 1.15-1.7x as long into nbdkit (those turns
- * measured 0.81-0.89), buffers where sendfile was faster at most 1.15x.
+ * 1.19-1.39 s for 2 GiB), so a near tie keeps buffers.
  * Where the destination has several connections of its own choosing, a
  * second stage of the same form then sets one against all (O A A O A O
  * O A): on two cores shared with the server, one connection took 0.8x
@@ -309,23 +306,20 @@ eng_probe_arm(struct engine *e, unsigned i)
 }
 
 /* The stage's verdict once its turns are timed: 1 when the challenger
- * took under its bar of the other's time (sendfile 80%, every
- * connection 90%), 0 when not, -1 when it came within 10% of the bar
- * (sendfile 70-90%, every connection 90-110%) and the stage has not yet
- * been extended. */
+ * (sendfile; every connection) took under 90% of the other's time, 0
+ * when not, -1 when the two came within 10% of each other either way
+ * and the stage has not yet been extended. */
 static int
 eng_probe_verdict(struct eng_probe *p)
 {
-  bool path = p->stage == ENG_PROBE_PATH;
-  unsigned c = path ? 0 : 1;
-  uint64_t bar = path ? 8 : 9, lo = path ? 7 : 9, hi = path ? 9 : 11;
+  unsigned c = p->stage == ENG_PROBE_PATH ? 0 : 1;
   uint64_t ct = p->us[c] - p->worst_us[c];
   uint64_t dt = p->us[!c] - p->worst_us[!c];
-  if (p->of == COPY_PROBE_TURNS && ct * 10 >= dt * lo && ct * 10 < dt * hi)
+  if (p->of == COPY_PROBE_TURNS && ct * 10 >= dt * 9 && ct * 10 < dt * 11)
     return -1;
   p->us[c] = ct;
   p->us[!c] = dt;
-  return ct * 10 < dt * bar;
+  return ct * 10 < dt * 9;
 }
 
 /* The data path is chosen: the connection stage follows where the
