@@ -30,6 +30,7 @@
 
 #include "cli/cmd.h"
 #include "proto/chunked.h"
+#include "util/ocaml_int.h"
 #include "util/size.h"
 #include "util/uri.h"
 
@@ -97,60 +98,21 @@ sparse_dd_usage(FILE *f)
 }
 
 /* A -nice or -ionice_class[_data] value, read as OCaml's int_of_string
- * reads it (xapi's sparse_dd does), into OCaml's 63-bit int: an
- * optional sign, then decimal digits (at most 2^62 - 1), or 0x, 0o, 0b
- * or 0u digits (at most 2^63 - 1, wrapping to negative from 2^62), '_'
- * after the first digit. False after a message for anything else, as
- * xapi's sparse_dd ignores such a value and copies all the same (its
+ * reads it (xapi's sparse_dd does), into OCaml's 63-bit int
+ * (ocaml_int_parse). False after a message for anything else, as xapi's
+ * sparse_dd ignores such a value and copies all the same (its
  * configuration supplies them). NULL: not given, no message. */
 static bool
 sparse_dd_int(const char *opt, const char *s, long long *out)
 {
   if (s == NULL)
     return false;
-  const char *p = s;
-  bool neg = *p == '-';
-  if (*p == '-' || *p == '+')
-    p++;
-  unsigned base = 10;
-  bool wraps = false;
-  if (p[0] == '0' && p[1] && strchr("xXoObBuU", p[1])) {
-    base = strchr("xX", p[1]) ? 16 : strchr("oO", p[1]) ? 8
-         : strchr("bB", p[1]) ? 2 : 10;
-    wraps = true;
-    p += 2;
-  }
-  /* OCaml's min_int, -2^62, is one further than max_int. */
-  const uint64_t max = wraps  ? (UINT64_C(1) << 63) - 1
-                     : neg    ? UINT64_C(1) << 62
-                              : (UINT64_C(1) << 62) - 1;
-  uint64_t v = 0;
-  bool digits = false, big = false;
-  for (; *p; p++) {
-    if (*p == '_' && digits)
-      continue;
-    int d = uri_hexval(*p);
-    if (d < 0 || (unsigned)d >= base)
-      break;
-    digits = true;
-    if (v > (max - (unsigned)d) / base)
-      big = true;
-    else
-      v = v * base + (unsigned)d;
-  }
-  if (!digits || *p || big) {
+  int64_t v;
+  if (ocaml_int_parse(s, OCAML_INT_BITS, &v) < 0) {
     log_error("ignoring %s '%.100s': not a number", opt, s);
     return false;
   }
-  if (!wraps) {
-    *out = neg ? -(long long)v : (long long)v;
-    return true;
-  }
-  /* As OCaml: negated as an unsigned word, then kept to 63 bits, bit 62
-   * the sign. */
-  uint64_t u = (neg ? UINT64_C(0) - v : v) & ((UINT64_C(1) << 63) - 1);
-  *out = u >= UINT64_C(1) << 62 ? (long long)u - (1LL << 62) - (1LL << 62)
-                                : (long long)u;
+  *out = v;
   return true;
 }
 
@@ -177,7 +139,7 @@ static void
 sparse_dd_priorities(const char *nice_s, const char *class_s,
                      const char *data_s)
 {
-  long long n, c, d;
+  long long n = 0, c = 0, d = 0;
   if (sparse_dd_int("-nice", nice_s, &n)) {
     int v = sparse_dd_clip("-nice", nice_s, n, -20, 19);
     if (setpriority(PRIO_PROCESS, 0, v) < 0)
