@@ -54,7 +54,10 @@ sparse_dd_usage(FILE *f)
 "  -dest DEST          a file (or file:///PATH), an NBD URI, or an http(s)\n"
 "                      URL (a PUT, then NBD or Chunked as the answer says)\n"
 "  -size BYTES         the destination's size: the source may not be\n"
-"                      larger (copy --dst-size)\n"
+"                      larger (copy --dst-size); as xapi's sparse_dd reads\n"
+"                      it (OCaml's Int64.of_string: 4096, 0x1000, 0o10_000),\n"
+"                      or with a unit (8M); negative or 2^63 and more\n"
+"                      refused\n"
 "  -prezeroed          the destination reads as zeroes: skip zero ranges\n"
 "                      (copy --target-is-zero)\n"
 "  -dest-proto P       nbd or chunked (copy --dst-protocol); none: the raw\n"
@@ -125,6 +128,47 @@ sparse_dd_clip(const char *opt, const char *s, long long v, int lo, int hi)
   log_warn("%s %.100s is out of range (%d to %d): using %d", opt, s, lo, hi,
            c);
   return c;
+}
+
+/* A -size, as xapi's sparse_dd reads it (OCaml's Int64.of_string: 4096,
+ * 0x1000, 0o10_000, 0u4096...), or a decimal number with a unit (8M),
+ * which nbdflow takes too. A negative one (0xffffffffffffffff is -1
+ * there) or one beyond 2^63 - 1 is refused. 0, or -1 with the reason in
+ * why, where (the option) first. */
+static int
+sparse_dd_size(const char *where, const char *s, uint64_t *out, char *why,
+               size_t whylen)
+{
+  int64_t v;
+  uint64_t u;
+  int rc = ocaml_int_parse(s, OCAML_INT64_BITS, &v);
+  if (rc == 0 && v < 0) {
+    char dec[24];
+    snprintf(dec, sizeof dec, "%lld", (long long)v);
+    snprintf(why, whylen, "%s '%.100s' is negative%s%s%s", where, s,
+             strcmp(dec, s) ? " (" : "", strcmp(dec, s) ? dec : "",
+             strcmp(dec, s) ? " as xapi's sparse_dd reads it)" : "");
+    return -1;
+  }
+  if (rc == 0) {
+    *out = (uint64_t)v;
+    return 0;
+  }
+  if (rc == -EINVAL)
+    rc = size_parse(s, &u);
+  if (rc == 0 && u > INT64_MAX)
+    rc = -ERANGE;
+  if (rc == -ERANGE) {
+    snprintf(why, whylen, "%s '%.100s' is more than 2^63 - 1 bytes", where,
+             s);
+    return -1;
+  }
+  if (rc < 0) {
+    snprintf(why, whylen, "%s: a number of bytes, not '%.100s'", where, s);
+    return -1;
+  }
+  *out = u;
+  return 0;
 }
 
 #define SPARSE_DD_IOPRIO_SHIFT 13 /* the kernel's IOPRIO_CLASS_SHIFT */
@@ -434,12 +478,9 @@ cmd_sparse_dd(int argc, char **argv)
   if (src == NULL || dest == NULL || size_s == NULL)
     return cmd_usage_error("sparse_dd", "-src, -dest and -size are needed");
   uint64_t size;
-  if (size_parse(size_s, &size) < 0) {
-    char what[160];
-    snprintf(what, sizeof what, "-size: a number of bytes, not '%.100s'",
-             size_s);
-    return cmd_usage_error("sparse_dd", what);
-  }
+  char bad[320];
+  if (sparse_dd_size("-size", size_s, &size, bad, sizeof bad) < 0)
+    return cmd_usage_error("sparse_dd", bad);
   if (strcmp(mode, "always") != 0 && strcmp(mode, "never") != 0 &&
       strcmp(mode, "user") != 0)
     return cmd_usage_error("sparse_dd", "-encryption-mode: always, never "

@@ -6,9 +6,9 @@
 # Chunked with -prezeroed; exit status 5 when the NBD server answers a
 # write with an error (nbdkit's error filter), 1 for a -size below the
 # source's (a larger one is the destination's, and copies), 2 for
-# usage errors; -base sends only the blocks that differ from the base;
-# -nice and -ionice_class set every thread's priorities. Every copy
-# verified.
+# usage errors; -size in OCaml's Int64 forms (0x...); -base sends only
+# the blocks that differ from the base; -nice and -ionice_class set every
+# thread's priorities. Every copy verified.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 tmpdir_make
@@ -200,6 +200,37 @@ rc=0
 [ "$rc" = 2 ] && grep -q -- "-size: a number of bytes, not '1.5M'" "$TMP/err" ||
     fail "-size 1.5M: status $rc: $(cat "$TMP/err")"
 note "ok: twice and a bad -size refused"
+# -size as xapi's sparse_dd reads it, OCaml's Int64.of_string: 0x, 0o, 0b
+# and 0u forms, '_' after a digit. A negative one (0xffffffffffffffff is
+# -1 there) or one past 2^63 - 1 is refused, nothing made.
+for s in 0x1000000 0X100_0000 0o100000000 0b1_0000_0000_0000_0000_0000_0000 \
+    0u16777216 +16_777_216; do
+    rm -f "$TMP/hx.img"
+    "$NBDFLOW" sparse_dd -src "$TMP/src.img" -dest "$TMP/hx.img" -size "$s" \
+        2>"$TMP/err" || fail "-size $s: $(cat "$TMP/err")"
+    [ "$(stat -c %s "$TMP/hx.img")" = "$size" ] ||
+        fail "-size $s: DEST is $(stat -c %s "$TMP/hx.img") bytes, not $size"
+done
+same "$TMP/src.img" "$TMP/hx.img"
+rm -f "$TMP/hx.img"
+for s in -4096 0xffffffffffffffff -0x1 0x8000000000000000 \
+    9223372036854775808 0x1_0000_0000_0000_0000 0b; do
+    case $s in
+        0b) want="-size: a number of bytes, not '0b'" ;;
+        9*|0x1_*) want="-size '$s' is more than 2^63 - 1 bytes" ;;
+        *) want="-size '$s' is negative" ;;
+    esac
+    rc=0
+    "$NBDFLOW" sparse_dd -src "$TMP/src.img" -dest "$TMP/hx.img" -size "$s" \
+        2>"$TMP/err" || rc=$?
+    [ "$rc" = 2 ] && grep -qF -- "$want" "$TMP/err" ||
+        fail "-size $s: status $rc: $(cat "$TMP/err")"
+    [ ! -e "$TMP/hx.img" ] || fail "-size $s: DEST was made"
+done
+grep -qF "(-1 as xapi's sparse_dd reads it)" <(
+    "$NBDFLOW" sparse_dd -src "$TMP/src.img" -dest "$TMP/hx.img" \
+        -size 0xffffffffffffffff 2>&1) || fail "-size 0xff..ff: not said to be -1"
+note "ok: -size in OCaml's forms taken, negative and too large ones refused"
 
 # -progress: the percentage on stderr, though it is not a terminal.
 check "sparse_dd -progress" "$NBDFLOW" sparse_dd -progress -src "$TMP/src.img" \
