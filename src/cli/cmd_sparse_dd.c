@@ -7,7 +7,8 @@
  *     [-encryption-mode always|never|user] [-nice N] [-ionice_class C
  *     [-ionice_class_data N]] [-unbuffered BOOL]
  * and reads its progress from stdout: with -machine, Chunked frames whose
- * payload is "Progress: N", closed by the end header. Exit status 5 says
+ * payload is "Progress: N", closed by the end header once the copy
+ * succeeded (a failure leaves the stream without it). Exit status 5 says
  * that the NBD server answered with an error; any other failure is 1
  * (usage errors 2).
  *
@@ -66,7 +67,9 @@ sparse_dd_usage(FILE *f)
 "                      for (an NBD URI names its own)\n"
 "  -encryption-mode M  always: http becomes https; never: https becomes\n"
 "                      http; user (the default): as written\n"
-"  -machine            progress on stdout as Chunked frames 'Progress: N'\n"
+"  -machine            progress on stdout as Chunked frames 'Progress: N',\n"
+"                      then the end header if the copy succeeded (or ends\n"
+"                      with status 5)\n"
 "  -progress           without -machine: the percentage on stderr even when\n"
 "                      it is not a terminal\n"
 "  -good-ciphersuites S OpenSSL suites, as the GnuTLS priority offering\n"
@@ -271,10 +274,9 @@ sparse_dd_relay(void *arg)
   }
   if (f)
     fclose(f);
-  if (pr->machine)
-    sparse_dd_frame(NULL);
-  else if (last >= 0 && pr->percent &&
-           __atomic_exchange_n(&log_line_open, false, __ATOMIC_ACQ_REL))
+  /* The end header is the command's to write, once the outcome is known. */
+  if (!pr->machine && last >= 0 && pr->percent &&
+      __atomic_exchange_n(&log_line_open, false, __ATOMIC_ACQ_REL))
     fprintf(stderr, "\n");
   return NULL;
 }
@@ -599,6 +601,14 @@ cmd_sparse_dd(int argc, char **argv)
   close(pfd[1]);
   pthread_join(t, NULL);
   free(d);
+  if (rc != 0 && rc != 2 && copy_peer_error)
+    rc = SPARSE_DD_NBD_ERROR;
+  /* As xapi's sparse_dd: the end header closes the progress of a copy
+   * that succeeded; after a failure the stream just stops, the message
+   * on stderr. Status 5 is the exception: the sparse_dd that had it
+   * closed the stream before exiting with it. */
+  if (machine && (rc == 0 || rc == SPARSE_DD_NBD_ERROR))
+    sparse_dd_frame(NULL);
   if (sparse_dd_frame_err) {
     /* Said with its own errno; stdout's flag is cleared so that it is
      * not said again as EIO. The copy itself went on: the data is what
@@ -609,7 +619,5 @@ cmd_sparse_dd(int argc, char **argv)
     if (rc == 0)
       rc = 1;
   }
-  if (rc != 0 && rc != 2 && copy_peer_error)
-    return SPARSE_DD_NBD_ERROR;
   return rc;
 }

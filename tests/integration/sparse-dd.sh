@@ -244,6 +244,19 @@ rc=0
 [ "$(cat "$TMP/rc" 2>/dev/null)" = 1 ] || fail "-machine to /dev/full: not status 1"
 grep -q "writing progress to stdout: No space left on device" "$TMP/err" ||
     fail "-machine to /dev/full: $(cat "$TMP/err")"
+# -machine after a failure: as in xapi's sparse_dd, the frames stop
+# without the end header, the error on stderr (status 5 below keeps it).
+rc=0
+"$NBDFLOW" sparse_dd -machine -src random:8M -dest /dev/full -size 8M \
+    >"$TMP/progress" 2>"$TMP/err" || rc=$?
+[ "$rc" = 1 ] && grep -q "^nbdflow sparse_dd: error: write to /dev/full" "$TMP/err" ||
+    fail "-machine into /dev/full: status $rc: $(cat "$TMP/err")"
+if python3 "$REF" progress <"$TMP/progress" >"$TMP/ref.out" 2>&1; then
+    fail "-machine into /dev/full: the failed copy's frames end with the end header"
+fi
+grep -q "progress stream without its end header" "$TMP/ref.out" ||
+    fail "-machine into /dev/full: $(cat "$TMP/ref.out")"
+note "ok: -machine: a failed copy's progress ends without the end header"
 # A failure ends the percentage's line before its own: the error starts a
 # line of its own.
 rc=0
@@ -325,8 +338,9 @@ rc=0
     -size "$size" >"$TMP/progress" 2>"$TMP/err" || rc=$?
 [ "$rc" = 5 ] || fail "an NBD error reply: status $rc, not 5: $(cat "$TMP/err")"
 grep -q "Input/output error" "$TMP/err" || fail "no errno named: $(cat "$TMP/err")"
+# The sparse_dd that had status 5 closed its progress before exiting so.
 python3 "$REF" progress <"$TMP/progress" >/dev/null ||
-    fail "the progress stream of a failed copy is not closed"
+    fail "the progress stream of a copy ending with status 5 is not closed"
 note "ok: status 5 on an NBD error: $(head -n1 "$TMP/err")"
 
 if ! command -v ionice >/dev/null; then
