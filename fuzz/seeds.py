@@ -366,6 +366,8 @@ SEEDS = {
         b"\4" + struct.pack("<QI", 4096, 512) + be("Q", 1 << 20),
     ],
     "fuzz-size": [b"0", b"512", b"10G", b"1.5M", b"64KiB", b"16E", b"1536K"],
+    "fuzz-keyval": [b"nice = 19", b"# unbuffered = true", b"a b = 'c'",
+                    b"k = \"v\" # c", b"=x==y", b"dest = http://h/#f"],
     "fuzz-ocaml-int": [b"0", b"-42", b"1_000", b"0x7fffffffffffffff",
                        b"-0x4000000000000000", b"0u12", b"0b1_0", b"0o777"],
     "fuzz-vhd": vhd_seeds(),

@@ -1,0 +1,134 @@
+/* keyval.c: see keyval.h. The line's rules are those of xapi's service
+ * library (its Config_file module): a pattern search for
+ * ([^= \t]+)[ \t]*=[ \t]*(.*) in the line once its comment and trailing
+ * blanks are gone, then the quotes. */
+#include "keyval.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+#define KEYVAL_BLANKS " \t"
+
+bool
+keyval_parse_line(char *line, char **key, char **value)
+{
+  line[strcspn(line, "#")] = '\0';
+  size_t n = strlen(line);
+  while (n > 0 && (line[n - 1] == ' ' || line[n - 1] == '\t'))
+    line[--n] = '\0';
+  /* The search's first match starts a run of key bytes: one that is not
+   * followed by blanks and '=' matches from none of its bytes. */
+  char *p = line;
+  for (;;) {
+    p += strspn(p, "=" KEYVAL_BLANKS);
+    if (*p == '\0')
+      return false;
+    char *k = p;
+    p += strcspn(p, "=" KEYVAL_BLANKS);
+    char *end = p;
+    p += strspn(p, KEYVAL_BLANKS);
+    if (*p != '=')
+      continue;
+    char *v = p + 1;
+    *end = '\0';
+    v += strspn(v, KEYVAL_BLANKS);
+    size_t vlen = strlen(v);
+    if (vlen >= 2 && v[0] == v[vlen - 1] && (v[0] == '"' || v[0] == '\'')) {
+      v[vlen - 1] = '\0';
+      v++;
+    }
+    *key = k;
+    *value = v;
+    return true;
+  }
+}
+
+int
+keyval_read_file(const char *file, keyval_fn fn, void *arg)
+{
+  FILE *f = fopen(file, "re");
+  if (f == NULL) {
+    if (errno == ENOENT || errno == ENOTDIR)
+      return 0;
+    int err = errno;
+    log_error("configuration %s: %s", file, strerror(err));
+    return -err;
+  }
+  char *line = NULL; /* getline's buffer: owned here, freed at the end */
+  size_t cap = 0;
+  unsigned lineno = 0;
+  int rc = 0;
+  ssize_t len;
+  errno = 0;
+  while ((len = getline(&line, &cap, f)) >= 0) {
+    lineno++;
+    if (len > 0 && line[len - 1] == '\n')
+      line[--len] = '\0';
+    if (strlen(line) != (size_t)len) {
+      log_error("configuration %s:%u: a NUL byte: not a text file", file,
+                lineno);
+      rc = -EINVAL;
+      break;
+    }
+    char *key, *value;
+    if (keyval_parse_line(line, &key, &value))
+      rc = fn(arg, file, lineno, key, value);
+    if (rc < 0)
+      break;
+    errno = 0;
+  }
+  if (rc == 0 && ferror(f)) {
+    int err = errno ? errno : EIO;
+    log_error("configuration %s: %s", file, strerror(err));
+    rc = -err;
+  }
+  free(line);
+  fclose(f);
+  return rc;
+}
+
+static int
+keyval_cmp(const void *a, const void *b)
+{
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int
+keyval_read_dir(const char *dir, keyval_fn fn, void *arg)
+{
+  DIR *d = opendir(dir);
+  if (d == NULL)
+    return 0;
+  char **names = NULL; /* owned here, each name and the array */
+  size_t n = 0;
+  int rc = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+      continue;
+    char **more = realloc(names, (n + 1) * sizeof *names);
+    char *path = NULL;
+    if (more)
+      names = more;
+    if (more == NULL || asprintf(&path, "%s/%s", dir, e->d_name) < 0) {
+      log_error("configuration %s: out of memory", dir);
+      rc = -ENOMEM;
+      break;
+    }
+    names[n++] = path;
+  }
+  closedir(d);
+  if (rc == 0)
+    qsort(names, n, sizeof *names, keyval_cmp);
+  for (size_t i = 0; i < n && rc == 0; i++)
+    rc = keyval_read_file(names[i], fn, arg);
+  for (size_t i = 0; i < n; i++)
+    free(names[i]);
+  free(names);
+  return rc;
+}
