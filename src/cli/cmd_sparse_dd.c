@@ -12,6 +12,10 @@
  * that the NBD server answered with an error; any other failure is 1
  * (usage errors 2).
  *
+ * As xapi's sparse_dd, it then reads /etc/sparse_dd.conf and the files of
+ * /etc/sparse_dd.conf.d (xapi's service library's format: util/keyval.h),
+ * whose keys are its options' names and set them over the command line's.
+ *
  * Each option becomes the copy option that does the same (docs/copy.md
  * has the table); the progress comes from copy's --progress=FD lines
  * ("N/100") through a pipe, turned into frames by a thread. */
@@ -31,6 +35,7 @@
 
 #include "cli/cmd.h"
 #include "proto/chunked.h"
+#include "util/keyval.h"
 #include "util/ocaml_int.h"
 #include "util/size.h"
 #include "util/uri.h"
@@ -91,7 +96,7 @@ sparse_dd_usage(FILE *f)
 "                      a value that is not a number is ignored with a\n"
 "                      message, and one out of range is clipped\n"
 "  -unbuffered BOOL    accepted (true or false): files are read through\n"
-"                      the page cache\n"
+"                      the page cache (true is said not to be honoured)\n"
 "  -experimental-reads-bypass-tapdisk, -experimental-writes-bypass-tapdisk\n"
 "                      refused: SRC and DEST are used as given\n"
 "  -help, --help       show this help\n"
@@ -99,23 +104,46 @@ sparse_dd_usage(FILE *f)
 "Without -verify-dest, $NBDFLOW_TLS_CERTIFICATES (a directory holding\n"
 "ca-cert.pem) asks for the whole check of an https server, name too.\n"
 "\n"
+"As xapi's sparse_dd, once the command line is read, /etc/sparse_dd.conf\n"
+"and then each file of /etc/sparse_dd.conf.d (in name order) set options\n"
+"over it, one 'NAME = VALUE' a line, NAME an option's name without its\n"
+"dash (nice = 19, encryption-mode = never; for a flag, true or false).\n"
+"A missing file is no configuration; an unknown key is skipped; a bad\n"
+"size, boolean or encryption mode there fails with status 1.\n"
+"$NBDFLOW_SPARSE_DD_CONF names another FILE (and FILE.d); set but empty,\n"
+"no configuration is read. See docs/sparse_dd.md.\n"
+"\n"
 "Exit status: 0 copied; 5 the NBD server answered with an error; 2 usage\n"
 "error; 1 any other failure.\n");
 }
+
+/* A priority as given: its value (NULL: not given), and where: "" on
+ * the command line, "FILE:LINE: " in the configuration. Messages about
+ * it start with where, then name it as given there: -nice, or nice. */
+struct sparse_dd_given {
+  const char *v;
+  const char *from;
+};
+
+#define SPARSE_DD_GIVEN_FMT "%s%s%s"
+#define SPARSE_DD_GIVEN_ARGS(g, name)                                        \
+  (g)->from, *(g)->from ? "" : "-", (name)
 
 /* A -nice or -ionice_class[_data] value, read as OCaml's int_of_string
  * reads it (xapi's sparse_dd does), into OCaml's 63-bit int
  * (ocaml_int_parse). False after a message for anything else, as xapi's
  * sparse_dd ignores such a value and copies all the same (its
- * configuration supplies them). NULL: not given, no message. */
+ * configuration supplies them). Not given: false, no message. */
 static bool
-sparse_dd_int(const char *opt, const char *s, long long *out)
+sparse_dd_int(const struct sparse_dd_given *g, const char *name,
+              long long *out)
 {
-  if (s == NULL)
+  if (g->v == NULL)
     return false;
   int64_t v;
-  if (ocaml_int_parse(s, OCAML_INT_BITS, &v) < 0) {
-    log_error("ignoring %s '%.100s': not a number", opt, s);
+  if (ocaml_int_parse(g->v, OCAML_INT_BITS, &v) < 0) {
+    log_error("%signoring %s%s '%.100s': not a number",
+              SPARSE_DD_GIVEN_ARGS(g, name), g->v);
     return false;
   }
   *out = v;
@@ -123,13 +151,14 @@ sparse_dd_int(const char *opt, const char *s, long long *out)
 }
 
 static int
-sparse_dd_clip(const char *opt, const char *s, long long v, int lo, int hi)
+sparse_dd_clip(const struct sparse_dd_given *g, const char *name,
+               long long v, int lo, int hi)
 {
   if (v >= lo && v <= hi)
     return (int)v;
   int c = v < lo ? lo : hi;
-  log_warn("%s %.100s is out of range (%d to %d): using %d", opt, s, lo, hi,
-           c);
+  log_warn(SPARSE_DD_GIVEN_FMT " %.100s is out of range (%d to %d): using %d",
+           SPARSE_DD_GIVEN_ARGS(g, name), g->v, lo, hi, c);
   return c;
 }
 
@@ -183,47 +212,266 @@ sparse_dd_size(const char *where, const char *s, uint64_t *out, char *why,
  * priority needs CAP_SYS_NICE) is said and the copy goes on, as in
  * xapi's sparse_dd, which runs renice and ionice and ignores them. */
 static void
-sparse_dd_priorities(const char *nice_s, const char *class_s,
-                     const char *data_s)
+sparse_dd_priorities(const struct sparse_dd_given *nice,
+                     const struct sparse_dd_given *ioclass,
+                     const struct sparse_dd_given *iodata)
 {
   long long n = 0, c = 0, d = 0;
-  if (sparse_dd_int("-nice", nice_s, &n)) {
-    int v = sparse_dd_clip("-nice", nice_s, n, -20, 19);
+  if (sparse_dd_int(nice, "nice", &n)) {
+    int v = sparse_dd_clip(nice, "nice", n, -20, 19);
     if (setpriority(PRIO_PROCESS, 0, v) < 0)
-      log_warn("-nice %d: %s", v, strerror(errno));
+      log_warn(SPARSE_DD_GIVEN_FMT " %d: %s",
+               SPARSE_DD_GIVEN_ARGS(nice, "nice"), v, strerror(errno));
   }
   /* Read (and a bad one said) whatever the class, as the original. */
-  bool has_data = sparse_dd_int("-ionice_class_data", data_s, &d);
-  if (!sparse_dd_int("-ionice_class", class_s, &c))
+  bool has_data = sparse_dd_int(iodata, "ionice_class_data", &d);
+  if (!sparse_dd_int(ioclass, "ionice_class", &c))
     return;
   if (c < 0 || c > 3) {
-    log_error("ignoring -ionice_class %.100s: the classes are 0 to 3",
-              class_s);
+    log_error("%signoring %s%s %.100s: the classes are 0 to 3",
+              SPARSE_DD_GIVEN_ARGS(ioclass, "ionice_class"), ioclass->v);
     return;
   }
   int prio = (int)c << SPARSE_DD_IOPRIO_SHIFT;
   if (c == 1 || c == 2)
-    prio |= has_data ? sparse_dd_clip("-ionice_class_data", data_s, d, 0, 7)
+    prio |= has_data ? sparse_dd_clip(iodata, "ionice_class_data", d, 0, 7)
                      : SPARSE_DD_IOPRIO_DATA;
   if (syscall(SYS_ioprio_set, SPARSE_DD_IOPRIO_WHO_PROCESS, 0, prio) < 0)
-    log_warn("-ionice_class %d: %s", (int)c, strerror(errno));
+    log_warn(SPARSE_DD_GIVEN_FMT " %d: %s",
+             SPARSE_DD_GIVEN_ARGS(ioclass, "ionice_class"), (int)c,
+             strerror(errno));
 }
 
-/* An option that takes a value: where it goes, and whether a second one
- * is refused (those that name what is copied) or replaces the first. */
+/* Checks a value where it is taken, so that a bad one is said with its
+ * place: place is "-NAME" on the command line, "FILE:LINE: NAME" in the
+ * configuration. 0, or -1 with the reason in why. */
+typedef int (*sparse_dd_check_fn)(const char *place, const char *v,
+                                  char *why, size_t whylen);
+
+static int
+sparse_dd_check_size(const char *place, const char *v, char *why,
+                     size_t whylen)
+{
+  uint64_t size;
+  return sparse_dd_size(place, v, &size, why, whylen);
+}
+
+static int
+sparse_dd_check_mode(const char *place, const char *v, char *why,
+                     size_t whylen)
+{
+  if (strcmp(v, "always") == 0 || strcmp(v, "never") == 0 ||
+      strcmp(v, "user") == 0)
+    return 0;
+  snprintf(why, whylen, "%s: always, never or user, not '%.100s'", place, v);
+  return -1;
+}
+
+/* What an option takes: the same on the command line (-NAME) and in the
+ * configuration (NAME = ...), but for a flag. */
+enum sparse_dd_kind {
+  SPARSE_DD_VALUE, /* -NAME VALUE; NAME = VALUE */
+  SPARSE_DD_BOOL,  /* -NAME true|false; NAME = true|false */
+  SPARSE_DD_FLAG,  /* -NAME; NAME = true|false (false clears it) */
+};
+
+/* A second -NAME is refused: the option names what is copied. */
+#define SPARSE_DD_ONCE    0x1u
+/* The command line's only: nbdflow's own, or older xapi's. */
+#define SPARSE_DD_ARGV    0x2u
+/* The configuration's only: a setting of xapi's service library. */
+#define SPARSE_DD_CONF    0x4u
+/* -NAME is a usage error; NAME = true is said and not honoured. */
+#define SPARSE_DD_REFUSED 0x8u
+
+/* An option of xapi's sparse_dd, each of which is also a key of its
+ * configuration, or one of nbdflow's. */
 struct sparse_dd_opt {
-  const char *name;
-  const char **slot;
-  bool once;
+  const char *name; /* without the '-' */
+  enum sparse_dd_kind kind;
+  unsigned flags;
+  const char **value; /* VALUE, BOOL: where it goes; NULL: not used */
+  bool *flag;         /* FLAG, BOOL: set or cleared; NULL: not used */
+  const char **from;  /* VALUE: where it was given, as in sparse_dd_given */
+  sparse_dd_check_fn check;
+  /* What nbdflow does instead of what the option asks, said when it is
+   * given (a BOOL or FLAG: as true); NULL: it does what is asked. */
+  const char *instead;
 };
 
 static const struct sparse_dd_opt *
-sparse_dd_valued(const struct sparse_dd_opt *opts, const char *name)
+sparse_dd_find(const struct sparse_dd_opt *opts, const char *name,
+               unsigned not_from)
 {
   for (; opts->name; opts++)
-    if (strcmp(opts->name, name) == 0)
+    if (!(opts->flags & not_from) && strcmp(opts->name, name) == 0)
       return opts;
   return NULL;
+}
+
+/* Takes v for opt, given at place (as for sparse_dd_check_fn), from
+ * from (as in sparse_dd_given): checks it, says what nbdflow does
+ * instead when it cannot do what v asks, and puts it where the option
+ * goes (over what was there). v and from must live as long as the
+ * command. 0, or -1 with the reason in why. */
+static int
+sparse_dd_take(const struct sparse_dd_opt *opt, const char *place,
+               const char *from, const char *v, char *why, size_t whylen)
+{
+  bool is_bool = opt->kind != SPARSE_DD_VALUE;
+  if (is_bool && strcmp(v, "true") != 0 && strcmp(v, "false") != 0) {
+    snprintf(why, whylen, "%s: true or false, not '%.100s'", place, v);
+    return -1;
+  }
+  if (opt->check && opt->check(place, v, why, whylen) < 0)
+    return -1;
+  if (opt->instead && (!is_bool || strcmp(v, "true") == 0))
+    log_warn("%s%s%.100s is not honoured: %s", place, *from ? " = " : " ", v,
+             opt->instead);
+  if (opt->flag)
+    *opt->flag = strcmp(v, "true") == 0;
+  if (opt->value)
+    *opt->value = v;
+  if (opt->from)
+    *opt->from = from;
+  return 0;
+}
+
+/* Reads the command line into the options' places. 0; 1 once the help
+ * is shown; 2 after a usage error's message. */
+static int
+sparse_dd_argv(const struct sparse_dd_opt *opts, int argc, char **argv)
+{
+  for (int i = 1; i < argc; i++) {
+    const char *o = argv[i];
+    char what[320];
+    if (strcmp(o, "-help") == 0 || strcmp(o, "--help") == 0 ||
+        strcmp(o, "-h") == 0) {
+      sparse_dd_usage(stdout);
+      return 1;
+    }
+    const struct sparse_dd_opt *opt =
+        o[0] == '-' ? sparse_dd_find(opts, o + 1, SPARSE_DD_CONF) : NULL;
+    if (opt == NULL) {
+      snprintf(what, sizeof what, "unknown option '%.100s'", o);
+      return cmd_usage_error("sparse_dd", what);
+    }
+    if (opt->flags & SPARSE_DD_REFUSED) {
+      snprintf(what, sizeof what, "%s is not supported: %s", o,
+               opt->instead);
+      return cmd_usage_error("sparse_dd", what);
+    }
+    if (opt->kind == SPARSE_DD_FLAG) {
+      if (opt->flag)
+        *opt->flag = true;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      snprintf(what, sizeof what, "%s needs a value", o);
+      return cmd_usage_error("sparse_dd", what);
+    }
+    if ((opt->flags & SPARSE_DD_ONCE) && *opt->value) {
+      snprintf(what, sizeof what, "%s given twice", o);
+      return cmd_usage_error("sparse_dd", what);
+    }
+    if (sparse_dd_take(opt, o, "", argv[++i], what, sizeof what) < 0)
+      return cmd_usage_error("sparse_dd", what);
+  }
+  return 0;
+}
+
+/* Values taken from the configuration: copies owned here until the
+ * command ends, as the options' places point to them. */
+struct sparse_dd_kept {
+  char **v;
+  size_t n;
+};
+
+/* A copy of s, owned by k; NULL when out of memory. */
+static char *
+sparse_dd_keep(struct sparse_dd_kept *k, const char *s)
+{
+  char **more = realloc(k->v, (k->n + 1) * sizeof *more);
+  if (more == NULL)
+    return NULL;
+  k->v = more;
+  char *c = strdup(s);
+  if (c)
+    k->v[k->n++] = c;
+  return c;
+}
+
+static void
+sparse_dd_kept_free(struct sparse_dd_kept *k)
+{
+  for (size_t i = 0; i < k->n; i++)
+    free(k->v[i]);
+  free(k->v);
+}
+
+struct sparse_dd_conf {
+  const struct sparse_dd_opt *opts;
+  struct sparse_dd_kept *kept;
+};
+
+/* One key of the configuration (keyval_fn). */
+static int
+sparse_dd_conf_key(void *arg, const char *file, unsigned line,
+                   const char *key, const char *value)
+{
+  struct sparse_dd_conf *c = arg;
+  const struct sparse_dd_opt *opt =
+      sparse_dd_find(c->opts, key, SPARSE_DD_ARGV);
+  if (opt == NULL) {
+    /* Skipped without a word by xapi's service library. */
+    log_debug("%.200s:%u: '%.100s' is no key of sparse_dd's: skipped", file,
+              line, key);
+    return 0;
+  }
+  char at[240], place[340], why[480];
+  snprintf(at, sizeof at, "%.200s:%u: ", file, line);
+  snprintf(place, sizeof place, "%s%s", at, key);
+  char *v = sparse_dd_keep(c->kept, value);
+  char *from = sparse_dd_keep(c->kept, at);
+  if (v == NULL || from == NULL) {
+    log_error("%sout of memory", at);
+    return -ENOMEM;
+  }
+  if (sparse_dd_take(opt, place, from, v, why, sizeof why) < 0) {
+    log_error("%s", why);
+    return -EINVAL;
+  }
+  return 0;
+}
+
+#define SPARSE_DD_CONF_FILE "/etc/sparse_dd.conf"
+
+/* Reads xapi's sparse_dd configuration, as its service library does,
+ * once the command line is read: the file ($NBDFLOW_SPARSE_DD_CONF, else
+ * /etc/sparse_dd.conf; set but empty: none), then each file of the
+ * directory its config-dir key names (*conf_dir), else of FILE.d, in
+ * name order. A missing file or directory is no configuration. Each key
+ * puts its value over the command line's. 0, or -1 after a message. */
+static int
+sparse_dd_conf_read(const struct sparse_dd_opt *opts,
+                    struct sparse_dd_kept *kept, const char **conf_dir)
+{
+  struct sparse_dd_conf c = { .opts = opts, .kept = kept };
+  const char *file = getenv("NBDFLOW_SPARSE_DD_CONF");
+  if (file == NULL)
+    file = SPARSE_DD_CONF_FILE;
+  if (*file == '\0')
+    return 0;
+  if (keyval_read_file(file, sparse_dd_conf_key, &c) < 0)
+    return -1;
+  char *dir = NULL; /* FILE.d, owned here */
+  if (*conf_dir == NULL && asprintf(&dir, "%s.d", file) < 0) {
+    log_error("out of memory");
+    return -1;
+  }
+  int rc = keyval_read_dir(dir ? dir : *conf_dir, sparse_dd_conf_key, &c);
+  free(dir);
+  return rc < 0 ? -1 : 0;
 }
 
 struct progress_relay {
@@ -396,97 +644,88 @@ sparse_dd_priority(const char *list, char *out, size_t outlen)
   return len < outlen ? 0 : -1;
 }
 
-int
-cmd_sparse_dd(int argc, char **argv)
+/* What SRC and DEST are, for the experimental bypass options. */
+#define SPARSE_DD_AS_GIVEN                                                   \
+  "SRC and DEST are read and written as given (vhd:PATH reads a VHD "      \
+  "file's disk)"
+/* What nbdflow does with the logging settings of xapi's services. */
+#define SPARSE_DD_STDERR "nbdflow's messages go to stderr, as they are"
+
+static int
+sparse_dd_run(int argc, char **argv, struct sparse_dd_kept *kept)
 {
   const char *good = NULL; /* -good-ciphersuites */
   const char *src = NULL, *dest = NULL, *size_s = NULL, *proto = NULL;
   const char *export_name = NULL, *mode = "user", *base = NULL;
   const char *bundle = NULL, *sni = NULL; /* -cert-bundle-path, -sni */
-  const char *nice_s = NULL, *ioclass = NULL, *iodata = NULL;
-  /* Taken and not used: legacy suites are never offered (docs/xapi.md),
-   * and files go through the page cache. */
-  const char *legacy = NULL, *unbuffered = NULL;
+  struct sparse_dd_given nice = { NULL, "" }, ioclass = { NULL, "" };
+  struct sparse_dd_given iodata = { NULL, "" };
+  const char *conf_dir = NULL; /* the configuration's config-dir */
   bool machine = false, prezeroed = false, progress_bar = false;
   bool verify_dest = false;
-  const struct sparse_dd_opt valued[] = {
-    { "-src", &src, true },
-    { "-dest", &dest, true },
-    { "-size", &size_s, true },
-    { "-base", &base, true },
-    { "-dest-proto", &proto, false },
-    { "-nbd-export", &export_name, false },
-    { "-encryption-mode", &mode, false },
-    { "-good-ciphersuites", &good, false },
-    { "-legacy-ciphersuites", &legacy, false },
-    { "-cert-bundle-path", &bundle, false },
-    { "-sni", &sni, false },
-    { "-nice", &nice_s, false },
-    { "-ionice_class", &ioclass, false },
-    { "-ionice_class_data", &iodata, false },
-    { "-unbuffered", &unbuffered, false },
-    { NULL, NULL, false },
+  const struct sparse_dd_opt opts[] = {
+    { "src", SPARSE_DD_VALUE, SPARSE_DD_ONCE, &src },
+    { "dest", SPARSE_DD_VALUE, SPARSE_DD_ONCE, &dest },
+    { "size", SPARSE_DD_VALUE, SPARSE_DD_ONCE, &size_s,
+      .check = sparse_dd_check_size },
+    { "base", SPARSE_DD_VALUE, SPARSE_DD_ONCE, &base },
+    { "dest-proto", SPARSE_DD_VALUE, 0, &proto },
+    { "nbd-export", SPARSE_DD_VALUE, 0, &export_name },
+    { "encryption-mode", SPARSE_DD_VALUE, 0, &mode,
+      .check = sparse_dd_check_mode },
+    { "good-ciphersuites", SPARSE_DD_VALUE, 0, &good },
+    { "cert-bundle-path", SPARSE_DD_VALUE, 0, &bundle },
+    { "sni", SPARSE_DD_VALUE, 0, &sni },
+    { "nice", SPARSE_DD_VALUE, 0, &nice.v, .from = &nice.from },
+    { "ionice_class", SPARSE_DD_VALUE, 0, &ioclass.v,
+      .from = &ioclass.from },
+    { "ionice_class_data", SPARSE_DD_VALUE, 0, &iodata.v,
+      .from = &iodata.from },
+    /* O_DIRECT in xapi's sparse_dd, which is its default. */
+    { "unbuffered", SPARSE_DD_BOOL, 0,
+      .instead = "files are read through the page cache, never with "
+                 "O_DIRECT" },
+    { "machine", SPARSE_DD_FLAG, 0, .flag = &machine },
+    { "prezeroed", SPARSE_DD_FLAG, 0, .flag = &prezeroed },
+    { "verify-dest", SPARSE_DD_FLAG, 0, .flag = &verify_dest },
+    { "experimental-reads-bypass-tapdisk", SPARSE_DD_FLAG, SPARSE_DD_REFUSED,
+      .instead = SPARSE_DD_AS_GIVEN },
+    { "experimental-writes-bypass-tapdisk", SPARSE_DD_FLAG,
+      SPARSE_DD_REFUSED, .instead = SPARSE_DD_AS_GIVEN },
+    { "progress", SPARSE_DD_FLAG, SPARSE_DD_ARGV, .flag = &progress_bar },
+    /* Legacy suites and TLS 1.0 and 1.1 are never offered (docs/xapi.md):
+     * taken and not used. */
+    { "legacy-ciphersuites", SPARSE_DD_VALUE, SPARSE_DD_ARGV },
+    { "ssl-legacy", SPARSE_DD_FLAG, SPARSE_DD_ARGV },
+    /* xapi's service library's: config-dir names the directory of the
+     * configuration's other files; the others concern xapi's daemons,
+     * or its logging, which nbdflow's messages do not go through. */
+    { "config-dir", SPARSE_DD_VALUE, SPARSE_DD_CONF, &conf_dir },
+    { "config", SPARSE_DD_VALUE, SPARSE_DD_CONF },
+    { "use-switch", SPARSE_DD_BOOL, SPARSE_DD_CONF },
+    { "switch-path", SPARSE_DD_VALUE, SPARSE_DD_CONF },
+    { "search-path", SPARSE_DD_VALUE, SPARSE_DD_CONF },
+    { "pidfile", SPARSE_DD_VALUE, SPARSE_DD_CONF },
+    { "log", SPARSE_DD_VALUE, SPARSE_DD_CONF },
+    { "daemon", SPARSE_DD_BOOL, SPARSE_DD_CONF },
+    { "inventory", SPARSE_DD_VALUE, SPARSE_DD_CONF },
+    { "loglevel", SPARSE_DD_VALUE, SPARSE_DD_CONF,
+      .instead = SPARSE_DD_STDERR },
+    { "disable-logging-for", SPARSE_DD_VALUE, SPARSE_DD_CONF,
+      .instead = SPARSE_DD_STDERR },
+    { NULL },
   };
-  const struct sparse_dd_opt *v;
-  for (int i = 1; i < argc; i++) {
-    const char *o = argv[i];
-    bool has_arg = i + 1 < argc;
-    if (strcmp(o, "-help") == 0 || strcmp(o, "--help") == 0 ||
-        strcmp(o, "-h") == 0) {
-      sparse_dd_usage(stdout);
-      return 0;
-    } else if (strcmp(o, "-machine") == 0) {
-      machine = true;
-    } else if (strcmp(o, "-verify-dest") == 0) {
-      verify_dest = true;
-    } else if (strcmp(o, "-progress") == 0) {
-      progress_bar = true;
-    } else if (strcmp(o, "-prezeroed") == 0) {
-      prezeroed = true;
-    } else if (strcmp(o, "-ssl-legacy") == 0) {
-      /* TLS 1.0 and 1.1 are never offered (docs/xapi.md). */
-    } else if ((v = sparse_dd_valued(valued, o)) != NULL) {
-      char what[160];
-      if (!has_arg) {
-        snprintf(what, sizeof what, "%s needs a value", o);
-        return cmd_usage_error("sparse_dd", what);
-      }
-      if (v->once && *v->slot) {
-        snprintf(what, sizeof what, "%s given twice", o);
-        return cmd_usage_error("sparse_dd", what);
-      }
-      *v->slot = argv[++i];
-      /* O_DIRECT in xapi's sparse_dd; files are read through the page
-       * cache here. Its value is a boolean all the same. */
-      if (v->slot == &unbuffered && strcmp(unbuffered, "true") != 0 &&
-          strcmp(unbuffered, "false") != 0) {
-        snprintf(what, sizeof what, "-unbuffered: true or false, not "
-                 "'%.100s'", unbuffered);
-        return cmd_usage_error("sparse_dd", what);
-      }
-    } else if (strcmp(o, "-experimental-reads-bypass-tapdisk") == 0 ||
-               strcmp(o, "-experimental-writes-bypass-tapdisk") == 0) {
-      char what[200];
-      snprintf(what, sizeof what, "%s is not supported: SRC and DEST are "
-               "read and written as given (vhd:PATH reads a VHD file's "
-               "disk)", o);
-      return cmd_usage_error("sparse_dd", what);
-    } else {
-      char what[160];
-      snprintf(what, sizeof what, "unknown option '%.100s'", o);
-      return cmd_usage_error("sparse_dd", what);
-    }
-  }
+  int parsed = sparse_dd_argv(opts, argc, argv);
+  if (parsed != 0)
+    return parsed == 1 ? 0 : parsed;
+  if (sparse_dd_conf_read(opts, kept, &conf_dir) < 0)
+    return 1;
   if (src == NULL || dest == NULL || size_s == NULL)
     return cmd_usage_error("sparse_dd", "-src, -dest and -size are needed");
   uint64_t size;
   char bad[320];
   if (sparse_dd_size("-size", size_s, &size, bad, sizeof bad) < 0)
     return cmd_usage_error("sparse_dd", bad);
-  if (strcmp(mode, "always") != 0 && strcmp(mode, "never") != 0 &&
-      strcmp(mode, "user") != 0)
-    return cmd_usage_error("sparse_dd", "-encryption-mode: always, never "
-                           "or user");
   const char *dst_proto = "auto";
   if (proto && strcmp(proto, "nbd") == 0)
     dst_proto = "nbd";
@@ -524,7 +763,7 @@ cmd_sparse_dd(int argc, char **argv)
       return cmd_usage_error("sparse_dd", what);
     }
   }
-  sparse_dd_priorities(nice_s, ioclass, iodata);
+  sparse_dd_priorities(&nice, &ioclass, &iodata);
   int pfd[2];
   if (pipe2(pfd, O_CLOEXEC) < 0) {
     log_error("pipe: %s", strerror(errno));
@@ -619,5 +858,14 @@ cmd_sparse_dd(int argc, char **argv)
     if (rc == 0)
       rc = 1;
   }
+  return rc;
+}
+
+int
+cmd_sparse_dd(int argc, char **argv)
+{
+  struct sparse_dd_kept kept = { NULL, 0 };
+  int rc = sparse_dd_run(argc, argv, &kept);
+  sparse_dd_kept_free(&kept);
   return rc;
 }

@@ -13,6 +13,9 @@ set -u
 LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(cd "$LIB_DIR/../.." && pwd)
 : "${NBDFLOW:=$REPO_DIR/build/nbdflow}"
+# sparse_dd reads no /etc/sparse_dd.conf of the machine running the tests
+# (set but empty: no configuration); a test that wants one names it.
+export NBDFLOW_SPARSE_DD_CONF=
 TEST_NAME=$(basename "$0")
 
 # ---- Reporting ------------------------------------------------------------

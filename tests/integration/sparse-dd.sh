@@ -7,8 +7,9 @@
 # write with an error (nbdkit's error filter), 1 for a -size below the
 # source's (a larger one is the destination's, and copies), 2 for
 # usage errors; -size in OCaml's Int64 forms (0x...); -base sends only
-# the blocks that differ from the base; -nice and -ionice_class set every
-# thread's priorities. Every copy verified.
+# the blocks that differ from the base; the configuration file's keys over
+# the options; -nice and -ionice_class set every thread's priorities.
+# Every copy verified.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 tmpdir_make
@@ -289,6 +290,79 @@ rc=0
 [ "$rc" = 2 ] && grep -q 'names export "a" and --nbd-export' "$TMP/err" ||
     fail "two export names: status $rc: $(cat "$TMP/err")"
 serve_stop
+
+# xapi's sparse_dd configuration ($NBDFLOW_SPARSE_DD_CONF in place of
+# /etc/sparse_dd.conf; lib.sh sets it empty, for none), read after the
+# command line: each key over its option, then the files of FILE.d (or of
+# the directory its config-dir names) in name order, over the file's;
+# comments, blanks and quotes as xapi's service library reads them.
+conf=$TMP/sdd.conf
+mkdir -p "$conf.d" "$TMP/frags"
+cat >"$conf" <<'EOF'
+# as a host would write it
+  size = 0x200_0000   # over -size
+nice = "45"
+frobnicate = 1
+unbuffered = true
+experimental-reads-bypass-tapdisk = false
+experimental-writes-bypass-tapdisk = true
+machine=true
+EOF
+printf 'nice = 40\n' >"$conf.d/10-first"
+printf "nice = '50'\n" >"$conf.d/20-last"
+rm -f "$TMP/cf.img"
+NBDFLOW_SPARSE_DD_CONF=$conf "$NBDFLOW" sparse_dd -src "$TMP/src.img" \
+    -dest "$TMP/cf.img" -size "$size" -nice 3 >"$TMP/progress" 2>"$TMP/err" ||
+    fail "sparse_dd with a configuration: $(cat "$TMP/err")"
+[ "$(stat -c %s "$TMP/cf.img")" = $((0x2000000)) ] ||
+    fail "the configuration's size = 0x200_0000 was not taken over -size: $(stat -c %s "$TMP/cf.img") bytes"
+cmp -n "$size" "$TMP/src.img" "$TMP/cf.img" || fail "DEST's first $size bytes differ"
+grep -qF "$conf.d/20-last:1: nice 50 is out of range (-20 to 19): using 19" "$TMP/err" &&
+    ! grep -Eq "nice (3|40|45) " "$TMP/err" ||
+    fail "nice: not FILE.d's last over the file's over -nice: $(cat "$TMP/err")"
+grep -qF "$conf:5: unbuffered = true is not honoured" "$TMP/err" &&
+    grep -qF "$conf:7: experimental-writes-bypass-tapdisk = true is not honoured" "$TMP/err" ||
+    fail "keys nbdflow does not honour were not said: $(cat "$TMP/err")"
+! grep -Eq "frobnicate|reads-bypass" "$TMP/err" ||
+    fail "an unknown key or one set to false was said: $(cat "$TMP/err")"
+pcts=$(python3 "$REF" progress <"$TMP/progress") && [ "${pcts##* }" = 100 ] ||
+    fail "machine=true gave no progress frames: $pcts"
+note "ok: the configuration's keys over the command line's options"
+# config-dir names the directory read after the file; machine = false
+# clears -machine.
+printf 'machine = false\nconfig-dir = %s\n' "$TMP/frags" >"$conf"
+printf 'ionice_class = 9\n' >"$TMP/frags/a"
+NBDFLOW_SPARSE_DD_CONF=$conf "$NBDFLOW" sparse_dd -machine -src "$TMP/src.img" \
+    -dest "$TMP/cf.img" -size "$size" >"$TMP/progress" 2>"$TMP/err" ||
+    fail "sparse_dd with config-dir: $(cat "$TMP/err")"
+[ ! -s "$TMP/progress" ] || fail "machine = false did not clear -machine"
+grep -qF "$TMP/frags/a:1: ignoring ionice_class 9: the classes are 0 to 3" "$TMP/err" &&
+    ! grep -q "nice 50" "$TMP/err" ||
+    fail "config-dir: not the directory it names that was read: $(cat "$TMP/err")"
+# A value xapi's sparse_dd could not take fails the copy (status 1)
+# before anything is written, saying where; a missing file is none.
+rm -rf "$conf.d"
+for line in "unbuffered = yes" "prezeroed = 1" "size = -0x1" "size = 1.5M" \
+    "encryption-mode = sometimes"; do
+    printf '# first\n%s\n' "$line" >"$conf"
+    rc=0
+    NBDFLOW_SPARSE_DD_CONF=$conf "$NBDFLOW" sparse_dd -src "$TMP/src.img" \
+        -dest "$TMP/bad.img" -size "$size" 2>"$TMP/err" || rc=$?
+    [ "$rc" = 1 ] && grep -qF "$conf:2: ${line%% *}" "$TMP/err" ||
+        fail "'$line' in the configuration: status $rc: $(cat "$TMP/err")"
+    [ ! -e "$TMP/bad.img" ] || fail "'$line' in the configuration: DEST was made"
+done
+rc=0
+NBDFLOW_SPARSE_DD_CONF=$TMP "$NBDFLOW" sparse_dd -src "$TMP/src.img" \
+    -dest "$TMP/bad.img" -size "$size" 2>"$TMP/err" || rc=$?
+[ "$rc" = 1 ] && grep -qF "configuration $TMP: Is a directory" "$TMP/err" ||
+    fail "a directory as the configuration: status $rc: $(cat "$TMP/err")"
+rm -f "$TMP/cf.img"
+check "sparse_dd without its configuration file" env \
+    NBDFLOW_SPARSE_DD_CONF="$TMP/none.conf" "$NBDFLOW" sparse_dd \
+    -src "$TMP/src.img" -dest "$TMP/cf.img" -size "$size"
+same "$TMP/src.img" "$TMP/cf.img"
+note "ok: the configuration's bad values, a directory, no file"
 
 need nbdkit
 # As xapi's sparse_dd: a value that is no number is ignored, said, and
