@@ -69,14 +69,13 @@ keyval_read_file(const char *file, keyval_fn fn, void *arg)
     lineno++;
     if (len > 0 && line[len - 1] == '\n')
       line[--len] = '\0';
-    if (strlen(line) != (size_t)len) {
-      log_error("configuration %s:%u: a NUL byte: not a text file", file,
-                lineno);
-      rc = -EINVAL;
-      break;
-    }
     char *key, *value;
-    if (keyval_parse_line(line, &key, &value))
+    /* A line with a NUL byte (an editor's swap file, a binary file left
+     * in the directory) is skipped, not an error: the service library
+     * reads such a line too, and a key holding a NUL names no option. */
+    if (strlen(line) != (size_t)len)
+      log_warn("configuration %s:%u: a NUL byte: line skipped", file, lineno);
+    else if (keyval_parse_line(line, &key, &value))
       rc = fn(arg, file, lineno, key, value);
     if (rc < 0)
       break;

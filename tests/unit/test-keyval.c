@@ -1,6 +1,10 @@
 /* test-keyval.c: unit tests for src/util/keyval.{h,c}: lines of xapi's
- * service configuration files, as its service library reads them. */
+ * service configuration files, as its service library reads them, and
+ * the reading of such files (in a directory of its own under $TMPDIR). */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tap.h"
 #include "util/keyval.h"
@@ -28,6 +32,52 @@ none(const char *in)
   char *key = NULL, *value = NULL;
   snprintf(line, sizeof line, "%s", in);
   ok(!keyval_parse_line(line, &key, &value), "\"%s\" has no key", in);
+}
+
+/* What the readers passed to keyval_fn, one "LINE:KEY=VALUE;" each. */
+struct seen {
+  char text[256];
+};
+
+static int
+record(void *arg, const char *file, unsigned line, const char *key,
+       const char *value)
+{
+  struct seen *s = arg;
+  size_t n = strlen(s->text);
+  (void)file;
+  snprintf(s->text + n, sizeof s->text - n, "%u:%s=%s;", line, key, value);
+  return 0;
+}
+
+/* Writes len bytes of data into dir/name; the path into path. */
+static int
+write_file(const char *dir, const char *name, const char *data, size_t len,
+           char *path, size_t pathlen)
+{
+  snprintf(path, pathlen, "%s/%s", dir, name);
+  FILE *f = fopen(path, "we");
+  if (f == NULL)
+    return -1;
+  size_t put = fwrite(data, 1, len, f);
+  return fclose(f) == 0 && put == len ? 0 : -1;
+}
+
+static void
+files(const char *dir)
+{
+  char path[512];
+  /* A NUL byte skips its line, said, and the lines around it are read. */
+  static const char nul[] = "a = 1\nb\0x = 2\nc = \0\nd = 4\n";
+  int w = write_file(dir, "nul.conf", nul, sizeof nul - 1, path, sizeof path);
+  if (!ok(w == 0, "wrote %s", path))
+    return;
+  struct seen s = { "" };
+  is(keyval_read_file(path, record, &s), 0,
+     "a line with a NUL byte is no error");
+  ok(strcmp(s.text, "1:a=1;4:d=4;") == 0,
+     "lines 2 and 3 (NUL bytes) skipped: got \"%s\"", s.text);
+  unlink(path);
 }
 
 int
@@ -73,5 +123,14 @@ main(void)
   none("==");
   none("x y z");
   none("k #= v");
+
+  const char *tmp = getenv("TMPDIR");
+  char dir[256];
+  snprintf(dir, sizeof dir, "%s/test-keyval.XXXXXX",
+           tmp && *tmp ? tmp : "/tmp");
+  if (ok(mkdtemp(dir) != NULL, "made a directory under $TMPDIR")) {
+    files(dir);
+    rmdir(dir);
+  }
   return tap_done();
 }
