@@ -8,9 +8,9 @@
  *     [-ionice_class_data N]] [-unbuffered BOOL]
  * and reads its progress from stdout: with -machine, Chunked frames whose
  * payload is "Progress: N", closed by the end header once the copy
- * succeeded (a failure leaves the stream without it). Exit status 5 says
- * that the NBD server answered with an error; any other failure is 1
- * (usage errors 2).
+ * succeeded or ended with status 5 (any other failure leaves the stream
+ * without it). Exit status 5 says that the NBD server answered with an
+ * error; any other failure is 1 (usage errors 2).
  *
  * As xapi's sparse_dd, it then reads /etc/sparse_dd.conf and the files of
  * /etc/sparse_dd.conf.d (xapi's service library's format: util/keyval.h),
@@ -844,8 +844,11 @@ sparse_dd_run(int argc, char **argv, struct sparse_dd_kept *kept)
     rc = SPARSE_DD_NBD_ERROR;
   /* As xapi's sparse_dd: the end header closes the progress of a copy
    * that succeeded; after a failure the stream just stops, the message
-   * on stderr. Status 5 is the exception: the sparse_dd that had it
-   * closed the stream before exiting with it. */
+   * on stderr. Status 5 closes it too, or xapi could never see that
+   * status: its reader of the frames (Chunk.fold, in
+   * sparse_dd_wrapper.ml) raises End_of_file at a stream that stops
+   * without the end header, so its waitpid, and the branch for
+   * WEXITED 5 there, are reached only after one. */
   if (machine && (rc == 0 || rc == SPARSE_DD_NBD_ERROR))
     sparse_dd_frame(NULL);
   if (sparse_dd_frame_err) {

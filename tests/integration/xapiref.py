@@ -31,7 +31,8 @@ Modes:
                                    te, raw-body:FILE, and print the answer
   decode IN OUT                    turn a frame stream file into OUT
   progress                         parse sparse_dd -machine frames on stdin,
-                                   print the percentages, exit 1 unless the
+                                   print the percentages (those read when
+                                   it stops early too), exit 1 unless the
                                    stream ends with the end header
 """
 import os
@@ -305,6 +306,7 @@ def cmd_progress():
     while True:
         h = r.read(12)
         if len(h) != 12:
+            print(" ".join(str(p) for p in seen))
             raise SystemExit("progress stream without its end header")
         off, ln = HDR.unpack(h)
         if ln == 0:
