@@ -122,7 +122,9 @@ keyval_read_dir(const char *dir, keyval_fn fn, void *arg)
     names[n++] = path;
   }
   closedir(d);
-  if (rc == 0)
+  /* Not for an empty directory: names is NULL then, and qsort's array
+   * must not be, even for no element. */
+  if (rc == 0 && n > 1)
     qsort(names, n, sizeof *names, keyval_cmp);
   for (size_t i = 0; i < n && rc == 0; i++)
     rc = keyval_read_file(names[i], fn, arg);

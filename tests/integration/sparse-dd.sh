@@ -374,7 +374,15 @@ check "sparse_dd without its configuration file" env \
     NBDFLOW_SPARSE_DD_CONF="$TMP/none.conf" "$NBDFLOW" sparse_dd \
     -src "$TMP/src.img" -dest "$TMP/cf.img" -size "$size"
 same "$TMP/src.img" "$TMP/cf.img"
-note "ok: the configuration's bad values, a directory, no file"
+# An empty FILE and an empty FILE.d are none either (nothing to sort).
+: >"$conf"
+mkdir "$conf.d"
+rm -f "$TMP/cf.img"
+check "sparse_dd with an empty FILE and FILE.d" env \
+    NBDFLOW_SPARSE_DD_CONF="$conf" "$NBDFLOW" sparse_dd \
+    -src "$TMP/src.img" -dest "$TMP/cf.img" -size "$size"
+same "$TMP/src.img" "$TMP/cf.img"
+note "ok: the configuration's bad values, a directory, no file, empty ones"
 
 need nbdkit
 # As xapi's sparse_dd: a value that is no number is ignored, said, and

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tap.h"
@@ -80,6 +81,34 @@ files(const char *dir)
   unlink(path);
 }
 
+static void
+dirs(const char *dir)
+{
+  char sub[300], path[512];
+  snprintf(sub, sizeof sub, "%s/FILE.d", dir);
+  if (!ok(mkdir(sub, 0700) == 0, "made %s", sub))
+    return;
+  /* An empty directory: nothing to sort, nothing read. */
+  struct seen s = { "" };
+  is(keyval_read_dir(sub, record, &s), 0, "an empty directory is no error");
+  ok(s.text[0] == '\0', "an empty directory: no key (got \"%s\")", s.text);
+  /* Files are read in the byte order of their names. */
+  int w = write_file(sub, "b", "k = 2\n", 6, path, sizeof path);
+  w |= write_file(sub, "a", "k = 1\n", 6, path, sizeof path);
+  w |= write_file(sub, "B", "k = 0\n", 6, path, sizeof path);
+  if (ok(w == 0, "wrote three files in %s", sub)) {
+    is(keyval_read_dir(sub, record, &s), 0, "a directory of three files");
+    ok(strcmp(s.text, "1:k=0;1:k=1;1:k=2;") == 0,
+       "read B, a, b in that order: got \"%s\"", s.text);
+  }
+  static const char *const names[] = { "a", "b", "B" };
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    snprintf(path, sizeof path, "%s/%s", sub, names[i]);
+    unlink(path);
+  }
+  rmdir(sub);
+}
+
 int
 main(void)
 {
@@ -130,6 +159,7 @@ main(void)
            tmp && *tmp ? tmp : "/tmp");
   if (ok(mkdtemp(dir) != NULL, "made a directory under $TMPDIR")) {
     files(dir);
+    dirs(dir);
     rmdir(dir);
   }
   return tap_done();
