@@ -8,11 +8,12 @@
 #include "fuzz.h"
 #include "util/keyval.h"
 
-/* Not a byte the reading of a value eats at either end. */
+/* Not a byte the reading of a value eats at either end (a backslash
+ * pads the '=' as blanks do). */
 static bool
 plain_end(char c)
 {
-  return strchr(" \t\"'", c) == NULL;
+  return strchr(" \t\\\"'", c) == NULL;
 }
 
 int
@@ -25,7 +26,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t klen = strlen(key), vlen = strlen(value);
     CHECK(klen > 0 && WITHIN(key, klen + 1, s, len + 1));
     CHECK(WITHIN(value, vlen + 1, s, len + 1));
-    CHECK(strcspn(key, "= \t#") == klen);
+    CHECK(strcspn(key, "= \t\\#") == klen);
     CHECK(strchr(value, '#') == NULL);
     if (vlen == 0 || (plain_end(value[0]) && plain_end(value[vlen - 1]))) {
       char *again = malloc(klen + vlen + 4);

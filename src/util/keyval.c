@@ -1,7 +1,11 @@
 /* keyval.c: see keyval.h. The line's rules are those of xapi's service
- * library (its Config_file module): a pattern search for
- * ([^= \t]+)[ \t]*=[ \t]*(.*) in the line once its comment and trailing
- * blanks are gone, then the quotes. */
+ * library (its Config_file module): once the comment and the trailing
+ * spaces and tabs are gone, a search for the pattern (Emacs syntax, as
+ * it is written there)
+ *   \([^=\ \t]+\)[\ \t]*=[\ \t]*\(.*\)
+ * (\t standing for a tab), then the quotes. Emacs syntax has no escapes
+ * in a bracket, so each bracket holds a backslash: a key never holds
+ * one, and backslashes next to the '=' go with the blanks there. */
 #include "keyval.h"
 
 #include <dirent.h>
@@ -12,7 +16,8 @@
 
 #include "log.h"
 
-#define KEYVAL_BLANKS " \t"
+/* The pattern's [\ \t]: what may stand around the '='. */
+#define KEYVAL_PAD "\\ \t"
 
 bool
 keyval_parse_line(char *line, char **key, char **value)
@@ -22,21 +27,21 @@ keyval_parse_line(char *line, char **key, char **value)
   while (n > 0 && (line[n - 1] == ' ' || line[n - 1] == '\t'))
     line[--n] = '\0';
   /* The search's first match starts a run of key bytes: one that is not
-   * followed by blanks and '=' matches from none of its bytes. */
+   * followed by pad bytes and '=' matches from none of its bytes. */
   char *p = line;
   for (;;) {
-    p += strspn(p, "=" KEYVAL_BLANKS);
+    p += strspn(p, "=" KEYVAL_PAD);
     if (*p == '\0')
       return false;
     char *k = p;
-    p += strcspn(p, "=" KEYVAL_BLANKS);
+    p += strcspn(p, "=" KEYVAL_PAD);
     char *end = p;
-    p += strspn(p, KEYVAL_BLANKS);
+    p += strspn(p, KEYVAL_PAD);
     if (*p != '=')
       continue;
     char *v = p + 1;
     *end = '\0';
-    v += strspn(v, KEYVAL_BLANKS);
+    v += strspn(v, KEYVAL_PAD);
     size_t vlen = strlen(v);
     if (vlen >= 2 && v[0] == v[vlen - 1] && (v[0] == '"' || v[0] == '\'')) {
       v[vlen - 1] = '\0';

@@ -8,13 +8,14 @@
 
 /* Reads one line, without its newline, in place, as that library does:
  * from the first '#' on it is a comment; spaces and tabs at its end are
- * dropped; the key is the first run of bytes other than '=', space and
- * tab that is followed by spaces or tabs (or none) and '=' (what comes
- * before it is skipped); the value is all that follows the '=' and the
- * spaces or tabs after it, less one pair of the same quotes ('"' or '\'')
- * around it. True with *key and *value pointing into line, each
- * NUL-terminated there; false for a line with no key (blank, a comment,
- * no '='), which is skipped. Pure: line may be changed either way. */
+ * dropped; the key is the first run of bytes other than '=', '\\',
+ * space and tab that is followed by such pad bytes ('\\', space, tab;
+ * or none) and '=' (what comes before it is skipped); the value is all
+ * that follows the '=' and the pad bytes after it ("k = \\v" gives v),
+ * less one pair of the same quotes ('"' or '\'') around it. True with
+ * *key and *value pointing into line, each NUL-terminated there; false
+ * for a line with no key (blank, a comment, no '='), which is skipped.
+ * Pure: line may be changed either way. */
 bool keyval_parse_line(char *line, char **key, char **value);
 
 /* Called for each key of a file, in order; file and line (from 1) say

@@ -142,6 +142,17 @@ main(void)
   kv("k = v\r", "k", "v\r");
   kv("k\r= v", "k\r", "v");
   kv("k = v w ", "k", "v w");
+  /* The pattern's brackets hold a backslash (no escapes there in Emacs
+   * syntax): it pads the '=' as blanks do, and no key holds one. */
+  kv("k = \\v", "k", "v");
+  kv("k =\\\\ \\v", "k", "v");
+  kv("k\\ = v", "k", "v");
+  kv("k\\=v", "k", "v");
+  kv("\\k = v", "k", "v");
+  kv("a\\b = c", "b", "c");
+  kv("k = \\", "k", "");
+  kv("k = a\\b\\", "k", "a\\b\\");
+  kv("k = \\\"v\"", "k", "v");
 
   none("");
   none("   \t ");
@@ -152,6 +163,8 @@ main(void)
   none("==");
   none("x y z");
   none("k #= v");
+  none("\\ = v");
+  none("k \\ v");
 
   const char *tmp = getenv("TMPDIR");
   char dir[256];
