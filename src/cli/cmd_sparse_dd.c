@@ -165,8 +165,9 @@ sparse_dd_clip(const struct sparse_dd_given *g, const char *name,
 /* A -size, as xapi's sparse_dd reads it (OCaml's Int64.of_string: 4096,
  * 0x1000, 0o10_000, 0u4096...), or a decimal number with a unit (8M),
  * which nbdflow takes too. A negative one (0xffffffffffffffff is -1
- * there) or one beyond 2^63 - 1 is refused. 0, or -1 with the reason in
- * why, where (the option) first. */
+ * there; one below Int64's range is said to be negative too) or one
+ * beyond 2^63 - 1 is refused. 0, or -1 with the reason in why, where
+ * (the option) first. */
 static int
 sparse_dd_size(const char *where, const char *s, uint64_t *out, char *why,
                size_t whylen)
@@ -191,8 +192,13 @@ sparse_dd_size(const char *where, const char *s, uint64_t *out, char *why,
   if (rc == 0 && u > INT64_MAX)
     rc = -ERANGE;
   if (rc == -ERANGE) {
-    snprintf(why, whylen, "%s '%.100s' is more than 2^63 - 1 bytes", where,
-             s);
+    /* Only OCaml's forms reach here with a sign: size_parse takes none. */
+    if (s[0] == '-')
+      snprintf(why, whylen, "%s '%.100s' is negative, and out of Int64's "
+               "range", where, s);
+    else
+      snprintf(why, whylen, "%s '%.100s' is more than 2^63 - 1 bytes",
+               where, s);
     return -1;
   }
   if (rc < 0) {

@@ -215,10 +215,12 @@ done
 same "$TMP/src.img" "$TMP/hx.img"
 rm -f "$TMP/hx.img"
 for s in -4096 0xffffffffffffffff -0x1 0x8000000000000000 \
-    9223372036854775808 0x1_0000_0000_0000_0000 0b; do
+    9223372036854775808 0x1_0000_0000_0000_0000 0b -9223372036854775809 \
+    -0x1_0000_0000_0000_0000; do
     case $s in
         0b) want="-size: a number of bytes, not '0b'" ;;
         9*|0x1_*) want="-size '$s' is more than 2^63 - 1 bytes" ;;
+        -9*|-0x1_*) want="-size '$s' is negative, and out of Int64's range" ;;
         *) want="-size '$s' is negative" ;;
     esac
     rc=0
