@@ -385,6 +385,15 @@ check "sparse_dd with an empty FILE and FILE.d" env \
     -src "$TMP/src.img" -dest "$TMP/cf.img" -size "$size"
 same "$TMP/src.img" "$TMP/cf.img"
 note "ok: the configuration's bad values, a directory, no file, empty ones"
+# xapi's sparse_dd takes -config and -config-dir (its service library's
+# options); here they are unknown: NBDFLOW_SPARSE_DD_CONF names the file.
+for o in -config -config-dir; do
+    rc=0
+    "$NBDFLOW" sparse_dd "$o" "$conf" -src "$TMP/src.img" -dest "$TMP/bad.img" \
+        -size "$size" 2>"$TMP/err" || rc=$?
+    [ "$rc" = 2 ] && grep -qF "unknown option '$o'" "$TMP/err" ||
+        fail "$o: status $rc: $(cat "$TMP/err")"
+done
 
 need nbdkit
 # As xapi's sparse_dd: a value that is no number is ignored, said, and
