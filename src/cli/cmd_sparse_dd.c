@@ -307,6 +307,94 @@ struct sparse_dd_opt {
   const char *instead;
 };
 
+/* What the command line and then the configuration set: the places the
+ * options' table points to. Strings point into argv or into the kept
+ * copies of configuration values (struct sparse_dd_kept). */
+struct sparse_dd_settings {
+  const char *src, *dest, *size, *base;
+  const char *proto;        /* -dest-proto; NULL: as DEST says */
+  const char *export_name;  /* -nbd-export */
+  const char *mode;         /* -encryption-mode */
+  const char *good;         /* -good-ciphersuites */
+  const char *bundle, *sni; /* -cert-bundle-path, -sni */
+  struct sparse_dd_given nice, ioclass, iodata;
+  const char *conf_dir; /* the configuration's config-dir */
+  bool machine, prezeroed, verify_dest;
+  bool progress_bar; /* -progress */
+};
+
+#define SPARSE_DD_SETTINGS_INIT                                              \
+  {                                                                          \
+    .mode = "user", .nice = { NULL, "" }, .ioclass = { NULL, "" },           \
+    .iodata = { NULL, "" },                                                  \
+  }
+
+/* Configuration read once at start-up, as the command runs once a
+ * process; cmd_sparse_dd resets it when it is done. */
+static struct sparse_dd_settings sparse_dd_set = SPARSE_DD_SETTINGS_INIT;
+
+/* What SRC and DEST are, for the experimental bypass options. */
+#define SPARSE_DD_AS_GIVEN                                                   \
+  "SRC and DEST are read and written as given (vhd:PATH reads a VHD "      \
+  "file's disk)"
+/* What nbdflow does with the logging settings of xapi's services. */
+#define SPARSE_DD_STDERR "nbdflow's messages go to stderr, as they are"
+
+/* Every option and key, and its place in sparse_dd_set. */
+static const struct sparse_dd_opt sparse_dd_opts[] = {
+  { "src", SPARSE_DD_VALUE, SPARSE_DD_ONCE, &sparse_dd_set.src },
+  { "dest", SPARSE_DD_VALUE, SPARSE_DD_ONCE, &sparse_dd_set.dest },
+  { "size", SPARSE_DD_VALUE, SPARSE_DD_ONCE, &sparse_dd_set.size,
+    .check = sparse_dd_check_size },
+  { "base", SPARSE_DD_VALUE, SPARSE_DD_ONCE, &sparse_dd_set.base },
+  { "dest-proto", SPARSE_DD_VALUE, 0, &sparse_dd_set.proto },
+  { "nbd-export", SPARSE_DD_VALUE, 0, &sparse_dd_set.export_name },
+  { "encryption-mode", SPARSE_DD_VALUE, 0, &sparse_dd_set.mode,
+    .check = sparse_dd_check_mode },
+  { "good-ciphersuites", SPARSE_DD_VALUE, 0, &sparse_dd_set.good },
+  { "cert-bundle-path", SPARSE_DD_VALUE, 0, &sparse_dd_set.bundle },
+  { "sni", SPARSE_DD_VALUE, 0, &sparse_dd_set.sni },
+  { "nice", SPARSE_DD_VALUE, 0, &sparse_dd_set.nice.v,
+    .from = &sparse_dd_set.nice.from },
+  { "ionice_class", SPARSE_DD_VALUE, 0, &sparse_dd_set.ioclass.v,
+    .from = &sparse_dd_set.ioclass.from },
+  { "ionice_class_data", SPARSE_DD_VALUE, 0, &sparse_dd_set.iodata.v,
+    .from = &sparse_dd_set.iodata.from },
+  /* O_DIRECT in xapi's sparse_dd, which is its default. */
+  { "unbuffered", SPARSE_DD_BOOL, 0,
+    .instead = "files are read through the page cache, never with "
+               "O_DIRECT" },
+  { "machine", SPARSE_DD_FLAG, 0, .flag = &sparse_dd_set.machine },
+  { "prezeroed", SPARSE_DD_FLAG, 0, .flag = &sparse_dd_set.prezeroed },
+  { "verify-dest", SPARSE_DD_FLAG, 0, .flag = &sparse_dd_set.verify_dest },
+  { "experimental-reads-bypass-tapdisk", SPARSE_DD_FLAG, SPARSE_DD_REFUSED,
+    .instead = SPARSE_DD_AS_GIVEN },
+  { "experimental-writes-bypass-tapdisk", SPARSE_DD_FLAG, SPARSE_DD_REFUSED,
+    .instead = SPARSE_DD_AS_GIVEN },
+  { "progress", SPARSE_DD_FLAG, SPARSE_DD_ARGV,
+    .flag = &sparse_dd_set.progress_bar },
+  /* Legacy suites and TLS 1.0 and 1.1 are never offered (docs/xapi.md):
+   * taken and not used. */
+  { "legacy-ciphersuites", SPARSE_DD_VALUE, SPARSE_DD_ARGV },
+  { "ssl-legacy", SPARSE_DD_FLAG, SPARSE_DD_ARGV },
+  /* xapi's service library's: config-dir names the directory of the
+   * configuration's other files; the others concern xapi's daemons,
+   * or its logging, which nbdflow's messages do not go through. */
+  { "config-dir", SPARSE_DD_VALUE, SPARSE_DD_CONF, &sparse_dd_set.conf_dir },
+  { "config", SPARSE_DD_VALUE, SPARSE_DD_CONF },
+  { "use-switch", SPARSE_DD_BOOL, SPARSE_DD_CONF },
+  { "switch-path", SPARSE_DD_VALUE, SPARSE_DD_CONF },
+  { "search-path", SPARSE_DD_VALUE, SPARSE_DD_CONF },
+  { "pidfile", SPARSE_DD_VALUE, SPARSE_DD_CONF },
+  { "log", SPARSE_DD_VALUE, SPARSE_DD_CONF },
+  { "daemon", SPARSE_DD_BOOL, SPARSE_DD_CONF },
+  { "inventory", SPARSE_DD_VALUE, SPARSE_DD_CONF },
+  { "loglevel", SPARSE_DD_VALUE, SPARSE_DD_CONF, .instead = SPARSE_DD_STDERR },
+  { "disable-logging-for", SPARSE_DD_VALUE, SPARSE_DD_CONF,
+    .instead = SPARSE_DD_STDERR },
+  { NULL },
+};
+
 static const struct sparse_dd_opt *
 sparse_dd_find(const struct sparse_dd_opt *opts, const char *name,
                unsigned not_from)
@@ -652,202 +740,175 @@ sparse_dd_priority(const char *list, char *out, size_t outlen)
   return len < outlen ? 0 : -1;
 }
 
-/* What SRC and DEST are, for the experimental bypass options. */
-#define SPARSE_DD_AS_GIVEN                                                   \
-  "SRC and DEST are read and written as given (vhd:PATH reads a VHD "      \
-  "file's disk)"
-/* What nbdflow does with the logging settings of xapi's services. */
-#define SPARSE_DD_STDERR "nbdflow's messages go to stderr, as they are"
-
-static int
-sparse_dd_run(int argc, char **argv, struct sparse_dd_kept *kept)
-{
-  const char *good = NULL; /* -good-ciphersuites */
-  const char *src = NULL, *dest = NULL, *size_s = NULL, *proto = NULL;
-  const char *export_name = NULL, *mode = "user", *base = NULL;
-  const char *bundle = NULL, *sni = NULL; /* -cert-bundle-path, -sni */
-  struct sparse_dd_given nice = { NULL, "" }, ioclass = { NULL, "" };
-  struct sparse_dd_given iodata = { NULL, "" };
-  const char *conf_dir = NULL; /* the configuration's config-dir */
-  bool machine = false, prezeroed = false, progress_bar = false;
-  bool verify_dest = false;
-  const struct sparse_dd_opt opts[] = {
-    { "src", SPARSE_DD_VALUE, SPARSE_DD_ONCE, &src },
-    { "dest", SPARSE_DD_VALUE, SPARSE_DD_ONCE, &dest },
-    { "size", SPARSE_DD_VALUE, SPARSE_DD_ONCE, &size_s,
-      .check = sparse_dd_check_size },
-    { "base", SPARSE_DD_VALUE, SPARSE_DD_ONCE, &base },
-    { "dest-proto", SPARSE_DD_VALUE, 0, &proto },
-    { "nbd-export", SPARSE_DD_VALUE, 0, &export_name },
-    { "encryption-mode", SPARSE_DD_VALUE, 0, &mode,
-      .check = sparse_dd_check_mode },
-    { "good-ciphersuites", SPARSE_DD_VALUE, 0, &good },
-    { "cert-bundle-path", SPARSE_DD_VALUE, 0, &bundle },
-    { "sni", SPARSE_DD_VALUE, 0, &sni },
-    { "nice", SPARSE_DD_VALUE, 0, &nice.v, .from = &nice.from },
-    { "ionice_class", SPARSE_DD_VALUE, 0, &ioclass.v,
-      .from = &ioclass.from },
-    { "ionice_class_data", SPARSE_DD_VALUE, 0, &iodata.v,
-      .from = &iodata.from },
-    /* O_DIRECT in xapi's sparse_dd, which is its default. */
-    { "unbuffered", SPARSE_DD_BOOL, 0,
-      .instead = "files are read through the page cache, never with "
-                 "O_DIRECT" },
-    { "machine", SPARSE_DD_FLAG, 0, .flag = &machine },
-    { "prezeroed", SPARSE_DD_FLAG, 0, .flag = &prezeroed },
-    { "verify-dest", SPARSE_DD_FLAG, 0, .flag = &verify_dest },
-    { "experimental-reads-bypass-tapdisk", SPARSE_DD_FLAG, SPARSE_DD_REFUSED,
-      .instead = SPARSE_DD_AS_GIVEN },
-    { "experimental-writes-bypass-tapdisk", SPARSE_DD_FLAG,
-      SPARSE_DD_REFUSED, .instead = SPARSE_DD_AS_GIVEN },
-    { "progress", SPARSE_DD_FLAG, SPARSE_DD_ARGV, .flag = &progress_bar },
-    /* Legacy suites and TLS 1.0 and 1.1 are never offered (docs/xapi.md):
-     * taken and not used. */
-    { "legacy-ciphersuites", SPARSE_DD_VALUE, SPARSE_DD_ARGV },
-    { "ssl-legacy", SPARSE_DD_FLAG, SPARSE_DD_ARGV },
-    /* xapi's service library's: config-dir names the directory of the
-     * configuration's other files; the others concern xapi's daemons,
-     * or its logging, which nbdflow's messages do not go through. */
-    { "config-dir", SPARSE_DD_VALUE, SPARSE_DD_CONF, &conf_dir },
-    { "config", SPARSE_DD_VALUE, SPARSE_DD_CONF },
-    { "use-switch", SPARSE_DD_BOOL, SPARSE_DD_CONF },
-    { "switch-path", SPARSE_DD_VALUE, SPARSE_DD_CONF },
-    { "search-path", SPARSE_DD_VALUE, SPARSE_DD_CONF },
-    { "pidfile", SPARSE_DD_VALUE, SPARSE_DD_CONF },
-    { "log", SPARSE_DD_VALUE, SPARSE_DD_CONF },
-    { "daemon", SPARSE_DD_BOOL, SPARSE_DD_CONF },
-    { "inventory", SPARSE_DD_VALUE, SPARSE_DD_CONF },
-    { "loglevel", SPARSE_DD_VALUE, SPARSE_DD_CONF,
-      .instead = SPARSE_DD_STDERR },
-    { "disable-logging-for", SPARSE_DD_VALUE, SPARSE_DD_CONF,
-      .instead = SPARSE_DD_STDERR },
-    { NULL },
-  };
-  int parsed = sparse_dd_argv(opts, argc, argv);
-  if (parsed != 0)
-    return parsed == 1 ? 0 : parsed;
-  if (sparse_dd_conf_read(opts, kept, &conf_dir) < 0)
-    return 1;
-  if (src == NULL || dest == NULL || size_s == NULL)
-    return cmd_usage_error("sparse_dd", "-src, -dest and -size are needed");
+/* What the copy runs with, worked out from the settings before anything
+ * starts. */
+struct sparse_dd_job {
+  char *dst; /* copy's DST (sparse_dd_dest): owned, freed by the caller */
+  const char *dst_proto; /* copy's --dst-protocol */
   uint64_t size;
-  char bad[320];
-  if (sparse_dd_size("-size", size_s, &size, bad, sizeof bad) < 0)
-    return cmd_usage_error("sparse_dd", bad);
-  const char *dst_proto = "auto";
-  if (proto && strcmp(proto, "nbd") == 0)
-    dst_proto = "nbd";
-  else if (proto && strcmp(proto, "chunked") == 0)
-    dst_proto = "chunked";
-  else if (proto && strcmp(proto, "none") != 0)
-    return cmd_usage_error("sparse_dd", "-dest-proto: nbd, chunked or none");
+  bool https;
+  /* "--tls-priority=P" for an https DST given -good-ciphersuites, else
+   * empty. */
+  char prio_opt[256];
+};
+
+/* Checks what the settings ask for and works out the job. 0; or the exit
+ * status after a message, j->dst NULL. */
+static int
+sparse_dd_prepare(const struct sparse_dd_settings *s, struct sparse_dd_job *j)
+{
   char why[320];
-  char *d = sparse_dd_dest(dest, mode, why, sizeof why);
+  j->dst = NULL;
+  j->prio_opt[0] = '\0';
+  if (s->src == NULL || s->dest == NULL || s->size == NULL)
+    return cmd_usage_error("sparse_dd", "-src, -dest and -size are needed");
+  if (sparse_dd_size("-size", s->size, &j->size, why, sizeof why) < 0)
+    return cmd_usage_error("sparse_dd", why);
+  bool raw = s->proto && strcmp(s->proto, "none") == 0;
+  if (s->proto == NULL || raw)
+    j->dst_proto = "auto";
+  else if (strcmp(s->proto, "nbd") == 0 || strcmp(s->proto, "chunked") == 0)
+    j->dst_proto = s->proto;
+  else
+    return cmd_usage_error("sparse_dd", "-dest-proto: nbd, chunked or none");
+  char *d = sparse_dd_dest(s->dest, s->mode, why, sizeof why);
   if (d == NULL)
     return cmd_usage_error("sparse_dd", why);
-  if (machine && sparse_dd_is_stdout(d)) {
-    free(d);
-    return cmd_usage_error("sparse_dd", "-dest is stdout, which carries "
-                           "-machine's progress frames");
-  }
-  if (proto && strcmp(proto, "none") == 0 &&
-      (strstr(d, "://") != NULL)) {
+  int rc = 0;
+  if (s->machine && sparse_dd_is_stdout(d)) {
+    rc = cmd_usage_error("sparse_dd", "-dest is stdout, which carries "
+                         "-machine's progress frames");
+  } else if (raw && strstr(d, "://") != NULL) {
     log_error("%s: -dest-proto none sends raw bytes, to a file only", d);
-    free(d);
-    return 2;
+    rc = 2;
   }
-  char prio_opt[256];
   /* xapi passes its ciphers whatever the destination: they are read for
    * an https one only. */
-  bool https = strncasecmp(d, "https://", 8) == 0;
-  if (good && https) {
-    int n = snprintf(prio_opt, sizeof prio_opt, "--tls-priority=");
-    if (sparse_dd_priority(good, prio_opt + n, sizeof prio_opt - (size_t)n) <
-        0) {
-      char what[200];
-      snprintf(what, sizeof what, "-good-ciphersuites '%.100s': no suite "
-               "nbdflow offers (AES-GCM, AES-CCM, CHACHA20-POLY1305)", good);
-      free(d);
-      return cmd_usage_error("sparse_dd", what);
+  j->https = strncasecmp(d, "https://", 8) == 0;
+  if (rc == 0 && s->good && j->https) {
+    int n = snprintf(j->prio_opt, sizeof j->prio_opt, "--tls-priority=");
+    if (sparse_dd_priority(s->good, j->prio_opt + n,
+                           sizeof j->prio_opt - (size_t)n) < 0) {
+      snprintf(why, sizeof why, "-good-ciphersuites '%.100s': no suite "
+               "nbdflow offers (AES-GCM, AES-CCM, CHACHA20-POLY1305)",
+               s->good);
+      rc = cmd_usage_error("sparse_dd", why);
     }
   }
-  sparse_dd_priorities(&nice, &ioclass, &iodata);
+  if (rc != 0) {
+    free(d);
+    return rc;
+  }
+  j->dst = d;
+  return 0;
+}
+
+/* copy's command line for a job: the strings it builds live here, the
+ * rest point into the settings and the job. */
+struct sparse_dd_cargs {
+  char *v[32]; /* NULL-terminated */
+  int n;
+  char progress[32], proto[32], size[40];
+};
+
+/* The TLS options for an https DST (copy refuses them elsewhere). As
+ * xapi's sparse_dd: without -verify-dest the server's certificate is not
+ * checked (pool hosts have self-signed ones, and xapi names them by
+ * address); with it, its chain is, against -cert-bundle-path (else the
+ * system's CAs), and not its name; -sni is the name sent.
+ * NBDFLOW_TLS_CERTIFICATES (a directory with ca-cert.pem) asks for the
+ * whole check, name included, where -verify-dest is not given. */
+static void
+sparse_dd_cargs_tls(const struct sparse_dd_settings *s,
+                    const struct sparse_dd_job *j, struct sparse_dd_cargs *a)
+{
+  if (!j->https)
+    return;
+  const char *ca = getenv("NBDFLOW_TLS_CERTIFICATES");
+  if (j->prio_opt[0])
+    a->v[a->n++] = (char *)j->prio_opt;
+  if (s->verify_dest) {
+    a->v[a->n++] = "--tls-verify-peer=chain";
+    if (s->bundle) {
+      a->v[a->n++] = "--tls-ca-file";
+      a->v[a->n++] = (char *)s->bundle;
+    } else if (ca && *ca) {
+      a->v[a->n++] = "--tls-certificates";
+      a->v[a->n++] = (char *)ca;
+    }
+  } else if (ca && *ca) {
+    a->v[a->n++] = "--tls-certificates";
+    a->v[a->n++] = (char *)ca;
+  } else {
+    a->v[a->n++] = "--tls-verify-peer=false";
+  }
+  if (s->sni) {
+    a->v[a->n++] = "--tls-server-name";
+    a->v[a->n++] = (char *)s->sni;
+  }
+}
+
+/* Builds copy's command line for job j, its progress going to
+ * progress_fd. */
+static void
+sparse_dd_cargs_build(const struct sparse_dd_settings *s,
+                      const struct sparse_dd_job *j, int progress_fd,
+                      struct sparse_dd_cargs *a)
+{
+  snprintf(a->progress, sizeof a->progress, "--progress=%d", progress_fd);
+  snprintf(a->proto, sizeof a->proto, "--dst-protocol=%s", j->dst_proto);
+  snprintf(a->size, sizeof a->size, "--dst-size=%llu",
+           (unsigned long long)j->size);
+  a->n = 0;
+  a->v[a->n++] = "copy";
+  a->v[a->n++] = a->progress;
+  a->v[a->n++] = a->proto;
+  a->v[a->n++] = a->size;
+  if (s->prezeroed)
+    a->v[a->n++] = "--target-is-zero";
+  /* Values as arguments of their own: never cut, never re-parsed. */
+  if (s->base) {
+    a->v[a->n++] = "--base";
+    a->v[a->n++] = (char *)s->base;
+  }
+  if (s->export_name) {
+    a->v[a->n++] = "--nbd-export";
+    a->v[a->n++] = (char *)s->export_name;
+  }
+  sparse_dd_cargs_tls(s, j, a);
+  a->v[a->n++] = "--";
+  a->v[a->n++] = (char *)s->src;
+  a->v[a->n++] = j->dst;
+  a->v[a->n] = NULL;
+}
+
+/* Runs the copy of job j, its progress relayed by a thread (frames on
+ * stdout with -machine), and closes the frames as the outcome says.
+ * Returns the exit status. */
+static int
+sparse_dd_copy(const struct sparse_dd_settings *s,
+               const struct sparse_dd_job *j)
+{
   int pfd[2];
   if (pipe2(pfd, O_CLOEXEC) < 0) {
     log_error("pipe: %s", strerror(errno));
-    free(d);
     return 1;
   }
-  struct progress_relay pr = { .rfd = pfd[0], .machine = machine,
-                               .percent = progress_bar ||
+  struct progress_relay pr = { .rfd = pfd[0], .machine = s->machine,
+                               .percent = s->progress_bar ||
                                           isatty(STDERR_FILENO) };
   pthread_t t;
   if (pthread_create(&t, NULL, sparse_dd_relay, &pr) != 0) {
     log_error("cannot start the progress thread");
     close(pfd[0]);
     close(pfd[1]);
-    free(d);
     return 1;
   }
-  char progress[32], proto_opt[32], size_opt[40];
-  snprintf(progress, sizeof progress, "--progress=%d", pfd[1]);
-  snprintf(proto_opt, sizeof proto_opt, "--dst-protocol=%s", dst_proto);
-  snprintf(size_opt, sizeof size_opt, "--dst-size=%llu",
-           (unsigned long long)size);
-  char *cargv[32];
-  int cargc = 0;
-  cargv[cargc++] = "copy";
-  cargv[cargc++] = progress;
-  cargv[cargc++] = proto_opt;
-  cargv[cargc++] = size_opt;
-  if (prezeroed)
-    cargv[cargc++] = "--target-is-zero";
-  /* Values as arguments of their own: never cut, never re-parsed. */
-  if (base) {
-    cargv[cargc++] = "--base";
-    cargv[cargc++] = (char *)base;
-  }
-  if (export_name) {
-    cargv[cargc++] = "--nbd-export";
-    cargv[cargc++] = (char *)export_name;
-  }
-  /* TLS settings for an https DEST only (copy refuses them elsewhere).
-   * As xapi's sparse_dd: without -verify-dest the server's certificate
-   * is not checked (pool hosts have self-signed ones, and xapi names
-   * them by address); with it, its chain is, against -cert-bundle-path
-   * (else the system's CAs), and not its name; -sni is the name sent.
-   * NBDFLOW_TLS_CERTIFICATES (a directory with ca-cert.pem) asks for
-   * the whole check, name included, where -verify-dest is not given. */
-  const char *ca = getenv("NBDFLOW_TLS_CERTIFICATES");
-  if (https && good)
-    cargv[cargc++] = prio_opt;
-  if (https && verify_dest) {
-    cargv[cargc++] = "--tls-verify-peer=chain";
-    if (bundle) {
-      cargv[cargc++] = "--tls-ca-file";
-      cargv[cargc++] = (char *)bundle;
-    } else if (ca && *ca) {
-      cargv[cargc++] = "--tls-certificates";
-      cargv[cargc++] = (char *)ca;
-    }
-  } else if (https && ca && *ca) {
-    cargv[cargc++] = "--tls-certificates";
-    cargv[cargc++] = (char *)ca;
-  } else if (https) {
-    cargv[cargc++] = "--tls-verify-peer=false";
-  }
-  if (https && sni) {
-    cargv[cargc++] = "--tls-server-name";
-    cargv[cargc++] = (char *)sni;
-  }
-  cargv[cargc++] = "--";
-  cargv[cargc++] = (char *)src;
-  cargv[cargc++] = d;
-  cargv[cargc] = NULL;
-  int rc = cmd_copy(cargc, cargv);
+  struct sparse_dd_cargs a;
+  sparse_dd_cargs_build(s, j, pfd[1], &a);
+  int rc = cmd_copy(a.n, a.v);
   close(pfd[1]);
   pthread_join(t, NULL);
-  free(d);
   if (rc != 0 && rc != 2 && copy_peer_error)
     rc = SPARSE_DD_NBD_ERROR;
   /* As xapi's sparse_dd: the end header closes the progress of a copy
@@ -857,7 +918,7 @@ sparse_dd_run(int argc, char **argv, struct sparse_dd_kept *kept)
    * sparse_dd_wrapper.ml) raises End_of_file at a stream that stops
    * without the end header, so its waitpid, and the branch for
    * WEXITED 5 there, are reached only after one. */
-  if (machine && (rc == 0 || rc == SPARSE_DD_NBD_ERROR))
+  if (s->machine && (rc == 0 || rc == SPARSE_DD_NBD_ERROR))
     sparse_dd_frame(NULL);
   if (sparse_dd_frame_err) {
     /* Said with its own errno; stdout's flag is cleared so that it is
@@ -872,11 +933,34 @@ sparse_dd_run(int argc, char **argv, struct sparse_dd_kept *kept)
   return rc;
 }
 
+/* Reads the command line and then the configuration into sparse_dd_set,
+ * works out the job, sets the priorities and copies. */
+static int
+sparse_dd_run(int argc, char **argv, struct sparse_dd_kept *kept)
+{
+  const struct sparse_dd_settings *s = &sparse_dd_set;
+  int parsed = sparse_dd_argv(sparse_dd_opts, argc, argv);
+  if (parsed != 0)
+    return parsed == 1 ? 0 : parsed;
+  if (sparse_dd_conf_read(sparse_dd_opts, kept, &sparse_dd_set.conf_dir) < 0)
+    return 1;
+  struct sparse_dd_job j;
+  int rc = sparse_dd_prepare(s, &j);
+  if (rc != 0)
+    return rc;
+  sparse_dd_priorities(&s->nice, &s->ioclass, &s->iodata);
+  rc = sparse_dd_copy(s, &j);
+  free(j.dst);
+  return rc;
+}
+
 int
 cmd_sparse_dd(int argc, char **argv)
 {
   struct sparse_dd_kept kept = { NULL, 0 };
   int rc = sparse_dd_run(argc, argv, &kept);
   sparse_dd_kept_free(&kept);
+  /* Its strings pointed into kept and argv. */
+  sparse_dd_set = (struct sparse_dd_settings)SPARSE_DD_SETTINGS_INIT;
   return rc;
 }
