@@ -66,7 +66,7 @@ keyval_read_file(const char *file, keyval_fn fn, void *arg)
   }
   char *line = NULL; /* getline's buffer: owned here, freed at the end */
   size_t cap = 0;
-  unsigned lineno = 0;
+  unsigned lineno = 0, nul_first = 0, nul_lines = 0;
   int rc = 0;
   ssize_t len;
   errno = 0;
@@ -77,15 +77,24 @@ keyval_read_file(const char *file, keyval_fn fn, void *arg)
     char *key, *value;
     /* A line with a NUL byte (an editor's swap file, a binary file left
      * in the directory) is skipped, not an error: the service library
-     * reads such a line too, and a key holding a NUL names no option. */
-    if (strlen(line) != (size_t)len)
-      log_warn("configuration %s:%u: a NUL byte: line skipped", file, lineno);
-    else if (keyval_parse_line(line, &key, &value))
+     * reads such a line too, and a key holding a NUL names no option.
+     * Said once a file: a binary file has many. */
+    if (strlen(line) != (size_t)len) {
+      if (nul_lines++ == 0)
+        nul_first = lineno;
+    } else if (keyval_parse_line(line, &key, &value))
       rc = fn(arg, file, lineno, key, value);
     if (rc < 0)
       break;
     errno = 0;
   }
+  if (nul_lines == 1)
+    log_warn("configuration %s:%u: a NUL byte: line skipped", file,
+             nul_first);
+  else if (nul_lines > 1)
+    log_warn("configuration %s:%u: a NUL byte: line skipped (and %u more "
+             "such line%s)", file, nul_first, nul_lines - 1,
+             nul_lines == 2 ? "" : "s");
   if (rc == 0 && ferror(f)) {
     int err = errno ? errno : EIO;
     log_error("configuration %s: %s", file, strerror(err));

@@ -318,7 +318,7 @@ machine=true
 EOF
 printf 'nice = 40\n' >"$conf.d/10-first"
 # A binary file left in FILE.d (an editor's swap file): its lines with
-# a NUL byte are said and skipped, the copy goes on.
+# a NUL byte are skipped, said in one line, and the copy goes on.
 printf 'b0\0\377\nnice = 1\0\n' >"$conf.d/15-swap"
 printf "nice = '50'\n" >"$conf.d/20-last"
 rm -f "$TMP/cf.img"
@@ -331,8 +331,8 @@ cmp -n "$size" "$TMP/src.img" "$TMP/cf.img" || fail "DEST's first $size bytes di
 grep -qF "$conf.d/20-last:1: nice 50 is out of range (-20 to 19): using 19" "$TMP/err" &&
     ! grep -Eq "nice (1|3|40|45) " "$TMP/err" ||
     fail "nice: not FILE.d's last over the file's over -nice: $(cat "$TMP/err")"
-grep -qF "$conf.d/15-swap:1: a NUL byte: line skipped" "$TMP/err" &&
-    grep -qF "$conf.d/15-swap:2: a NUL byte: line skipped" "$TMP/err" ||
+[ "$(grep -c "15-swap" "$TMP/err")" = 1 ] &&
+    grep -qF "$conf.d/15-swap:1: a NUL byte: line skipped (and 1 more such line)" "$TMP/err" ||
     fail "lines with a NUL byte not said: $(cat "$TMP/err")"
 grep -qF "$conf:5: unbuffered = true is not honoured" "$TMP/err" &&
     grep -qF "$conf:7: experimental-writes-bypass-tapdisk = true is not honoured" "$TMP/err" ||
