@@ -2,7 +2,8 @@
  * (keyval_parse_line), as /etc/sparse_dd.conf brings them. A key is a
  * non-empty run of key bytes inside the line; neither it nor the value
  * holds a comment; and "KEY = VALUE" written back reads the same, when
- * the value has no blank or quote at its ends for the reading to eat. */
+ * the value has no blank, backslash or quote at its ends for the
+ * reading to eat. */
 #include <stdbool.h>
 
 #include "fuzz.h"

@@ -330,7 +330,7 @@ struct sparse_dd_settings {
   }
 
 /* Configuration read once at start-up, as the command runs once a
- * process; cmd_sparse_dd resets it when it is done. */
+ * process; cmd_sparse_dd resets these settings when it is done. */
 static struct sparse_dd_settings sparse_dd_set = SPARSE_DD_SETTINGS_INIT;
 
 /* What SRC and DEST are, for the experimental bypass options. */

@@ -76,9 +76,10 @@ keyval_read_file(const char *file, keyval_fn fn, void *arg)
       line[--len] = '\0';
     char *key, *value;
     /* A line with a NUL byte (an editor's swap file, a binary file left
-     * in the directory) is skipped, not an error: the service library
-     * reads such a line too, and a key holding a NUL names no option.
-     * Said once a file: a binary file has many. */
+     * in the directory) is skipped wherever the NUL is, not an error.
+     * The service library reads such a line too, and takes its key
+     * unless the NUL is in the key (which then names no option) or in
+     * its value. Said once a file: a binary file has many. */
     if (strlen(line) != (size_t)len) {
       if (nul_lines++ == 0)
         nul_first = lineno;
@@ -89,12 +90,11 @@ keyval_read_file(const char *file, keyval_fn fn, void *arg)
     errno = 0;
   }
   if (nul_lines == 1)
-    log_warn("configuration %s:%u: a NUL byte: line skipped", file,
-             nul_first);
+    log_warn("configuration %s:%u: a NUL byte: line skipped", file, nul_first);
   else if (nul_lines > 1)
     log_warn("configuration %s:%u: a NUL byte: line skipped (and %u more "
-             "such line%s)", file, nul_first, nul_lines - 1,
-             nul_lines == 2 ? "" : "s");
+             "such line%s)",
+             file, nul_first, nul_lines - 1, nul_lines == 2 ? "" : "s");
   if (rc == 0 && ferror(f)) {
     int err = errno ? errno : EIO;
     log_error("configuration %s: %s", file, strerror(err));

@@ -25,10 +25,11 @@ typedef int (*keyval_fn)(void *arg, const char *file, unsigned line,
                          const char *key, const char *value);
 
 /* Reads file (lines end at '\n') through keyval_parse_line, calling fn
- * for each key. A line that holds a NUL byte is skipped, with one
- * warning a file naming the first such line and how many more (a swap
- * or binary file in a .d directory must not stop every command). A file that does not exist is no
- * configuration: 0, no call. Returns 0, fn's negative return, or -errno
+ * for each key. A line that holds a NUL byte is skipped, wherever the
+ * NUL is, with one warning a file naming the first such line and how
+ * many more (a swap or binary file in a .d directory must not stop
+ * every command). A file that does not exist is no configuration: 0,
+ * no call. Returns 0, fn's negative return, or -errno
  * after a message on stderr: opening or reading failed (-EISDIR: a
  * directory). May block on the file. */
 int keyval_read_file(const char *file, keyval_fn fn, void *arg);

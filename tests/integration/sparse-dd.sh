@@ -253,7 +253,7 @@ grep -q "writing progress to stdout: No space left on device" "$TMP/err" ||
 # stream that stops must be one that had progress, not an empty one.
 rc=0
 rm -f "$TMP/fprogress"
-{ wait_for test -s "$TMP/fprogress"; head -c 8M /dev/urandom; } |
+{ wait_for test -s "$TMP/fprogress" >&2; head -c 8M /dev/urandom; } |
     "$NBDFLOW" sparse_dd -machine -src - -dest /dev/full -size 8M \
     >"$TMP/fprogress" 2>"$TMP/err" || rc=$?
 [ "$rc" = 1 ] && grep -q "^nbdflow sparse_dd: error: write to /dev/full" "$TMP/err" ||
@@ -319,7 +319,7 @@ EOF
 printf 'nice = 40\n' >"$conf.d/10-first"
 # A binary file left in FILE.d (an editor's swap file): its lines with
 # a NUL byte are skipped, said in one line, and the copy goes on.
-printf 'b0\0\377\nnice = 1\0\n' >"$conf.d/15-swap"
+printf 'b0\0\377\nsize = 0b\0\n' >"$conf.d/15-swap"
 printf "nice = '50'\n" >"$conf.d/20-last"
 rm -f "$TMP/cf.img"
 NBDFLOW_SPARSE_DD_CONF=$conf "$NBDFLOW" sparse_dd -src "$TMP/src.img" \
@@ -329,7 +329,7 @@ NBDFLOW_SPARSE_DD_CONF=$conf "$NBDFLOW" sparse_dd -src "$TMP/src.img" \
     fail "the configuration's size = 0x200_0000 was not taken over -size: $(stat -c %s "$TMP/cf.img") bytes"
 cmp -n "$size" "$TMP/src.img" "$TMP/cf.img" || fail "DEST's first $size bytes differ"
 grep -qF "$conf.d/20-last:1: nice 50 is out of range (-20 to 19): using 19" "$TMP/err" &&
-    ! grep -Eq "nice (1|3|40|45) " "$TMP/err" ||
+    ! grep -Eq "nice (40|45) " "$TMP/err" ||
     fail "nice: not FILE.d's last over the file's over -nice: $(cat "$TMP/err")"
 [ "$(grep -c "15-swap" "$TMP/err")" = 1 ] &&
     grep -qF "$conf.d/15-swap:1: a NUL byte: line skipped (and 1 more such line)" "$TMP/err" ||

@@ -168,8 +168,10 @@ main(void)
 
   const char *tmp = getenv("TMPDIR");
   char dir[256];
-  snprintf(dir, sizeof dir, "%s/test-keyval.XXXXXX",
-           tmp && *tmp ? tmp : "/tmp");
+  int n = snprintf(dir, sizeof dir, "%s/test-keyval.XXXXXX",
+                   tmp && *tmp ? tmp : "/tmp");
+  if (n < 0 || (size_t)n >= sizeof dir) /* a TMPDIR too long for paths */
+    snprintf(dir, sizeof dir, "/tmp/test-keyval.XXXXXX");
   if (ok(mkdtemp(dir) != NULL, "made a directory under $TMPDIR")) {
     files(dir);
     dirs(dir);
