@@ -5,18 +5,7 @@
 #include <errno.h>
 #include <stdbool.h>
 
-/* A digit's value in any base up to 16, or -1. */
-static int
-ocaml_int_digit(char c)
-{
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F')
-    return c - 'A' + 10;
-  return -1;
-}
+#include "uri.h"
 
 /* The base a prefix at p names (0x, 0o, 0b, 0u), or 0 without one. */
 static unsigned
@@ -68,7 +57,7 @@ ocaml_int_parse(const char *s, unsigned bits, int64_t *out)
     p += 2;
   else
     base = 10;
-  int d = ocaml_int_digit(*p);
+  int d = uri_hexval(*p);
   if (d < 0 || (unsigned)d >= base)
     return -EINVAL;
   uint64_t v = 0;
@@ -76,7 +65,7 @@ ocaml_int_parse(const char *s, unsigned bits, int64_t *out)
   for (; *p; p++) {
     if (*p == '_')
       continue;
-    d = ocaml_int_digit(*p);
+    d = uri_hexval(*p);
     if (d < 0 || (unsigned)d >= base)
       return -EINVAL;
     if (v > (UINT64_MAX - (unsigned)d) / base)
