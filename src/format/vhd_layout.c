@@ -16,6 +16,7 @@
 
 #include "proto/wire.h"
 #include "util/text.h"
+#include "util/uri.h"
 
 /* Footer and header field offsets, named as in the spec. */
 #define FOOTER_FEATURES        8
@@ -592,18 +593,6 @@ bad:
   return -EINVAL;
 }
 
-static int
-hex_digit(uint8_t c)
-{
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F')
-    return c - 'A' + 10;
-  return -1;
-}
-
 /* A MacX locator: a file:// URL. After "file://" comes an absolute path,
  * a host and an absolute path (the host dropped), or a relative path:
  * ocaml-vhd writes "file://./name.vhd", old blktap "file://name.vhd". A
@@ -635,7 +624,7 @@ macx_path(const uint8_t *data, size_t len, char *out, size_t outlen)
     if (c == '%') {
       if (end - s < 2)
         return -EINVAL;
-      int hi = hex_digit(s[0]), lo = hex_digit(s[1]);
+      int hi = uri_hexval((char)s[0]), lo = uri_hexval((char)s[1]);
       if (hi < 0 || lo < 0)
         return -EINVAL;
       c = (uint8_t)(hi << 4 | lo);
