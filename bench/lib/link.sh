@@ -319,7 +319,8 @@ proc_cpu() {
 }
 
 # tls_server_start NAME AUTH FILE: NAME nbdflow|qemu-nbd|nbdkit, AUTH
-# x509|psk|plain, on a free loopback port; sets SRV_PID, TLS_URI.
+# x509|psk|plain|plain-buffers (the last two: no TLS), on a free loopback
+# port; sets SRV_PID, TLS_URI.
 tls_server_start() {
   local name=$1 auth=$2 file=$3 port i
   local -a cmd
@@ -382,7 +383,7 @@ tls_server_start() {
   case $auth in
     x509) TLS_URI="nbds://127.0.0.1:$port/?tls-certificates=$pki" ;;
     psk) TLS_URI="nbds://bench@127.0.0.1:$port/?tls-psk-file=$psk" ;;
-    plain) TLS_URI="nbd://127.0.0.1:$port/" ;;
+    plain*) TLS_URI="nbd://127.0.0.1:$port/" ;;
   esac
   for i in $(seq 100); do
     kill -0 "$SRV_PID" 2>/dev/null || { SRV_ERR="$name exited at start-up"; return 1; }
@@ -412,10 +413,12 @@ tls_copy() {
   fi
   case $cl in
     nbdflow-copy)
-      # The plaintext reference is the default copy, as a user runs it:
-      # over TCP to this host that is the buffer path TLS takes too, so
-      # the ratio shows what encryption costs.
-      cmd=("$NBDFLOW" copy --json "$src" "$TLS_URI") ;;
+      # The plaintext reference is the default copy, as a user runs it
+      # (the data path probe picks sendfile or buffers: the report says
+      # which); plain-buffers forces the buffer path TLS always takes,
+      # so that its ratio shows what encryption alone costs.
+      cmd=("$NBDFLOW" copy --json "$src" "$TLS_URI")
+      [ "$auth" = plain-buffers ] && cmd=("$NBDFLOW" copy --json --no-zero-copy "$src" "$TLS_URI") ;;
     nbdcopy) cmd=(nbdcopy "$src" "$TLS_URI") ;;
     qemu-img)
       local obj
@@ -442,9 +445,13 @@ tls_copy() {
     status=fail note="verification failed"
   fi
   [ "$run" = 0 ] && return
-  [ "$cl" = nbdflow-copy ] && tls=$(copy_json_tls "$log")
+  local path=""
+  if [ "$cl" = nbdflow-copy ]; then
+    tls=$(copy_json_tls "$log")
+    path=$(copy_json_extra "$log" | tr ';' '\n' | sed -n 's/^path=//p')
+  fi
   record tls "$auth" "$cl" "$srv" tcp "$run" "$status" "$secs" "$size" \
-    "$rss" "$usr" "$sys" "srv_cpu=$scpu${tls:+;tls=$tls}" "$note"
+    "$rss" "$usr" "$sys" "srv_cpu=$scpu${tls:+;tls=$tls}${path:+;path=$path}" "$note"
   say "tls $auth run $run: $cl -> $srv: $status ${secs}s${note:+ ($note)}"
 }
 
@@ -470,10 +477,11 @@ section_tls() {
     fi
   done
   python3 "$LIB/images.py" random "$src" "$(bytes "$BENCH_TLS_SIZE")" || die "tls image failed"
-  meta tls "$BENCH_TLS_SIZE random image, TCP loopback, file exports on tmpfs; X.509 and PSK (nbd-server: X.509 only, with a client certificate, which it requires; it forks per connection, so its server CPU misses the children it has not reaped); plus nbdflow's plaintext pair"
+  meta tls "$BENCH_TLS_SIZE random image, TCP loopback, file exports on tmpfs; X.509 and PSK (nbd-server: X.509 only, with a client certificate, which it requires; it forks per connection, so its server CPU misses the children it has not reaped); plus nbdflow's plaintext pair, as a user runs it and on the buffer path"
   [ "$BENCH_WARMUP" = 1 ] && tls_copy nbdflow-copy nbdflow psk 0 "$src" "$dst"
   for run in $(seq "$BENCH_RUNS"); do
     tls_copy nbdflow-copy nbdflow plain "$run" "$src" "$dst"
+    tls_copy nbdflow-copy nbdflow plain-buffers "$run" "$src" "$dst"
     for auth in psk x509; do
       for pair in "${avail[@]}"; do
         set -- $pair

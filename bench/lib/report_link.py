@@ -262,8 +262,11 @@ def section_tls(out, rows, meta):
                "the client (/usr/bin/time) and of the server process "
                "(/proc, read just before it is stopped), per GiB copied, "
                "medians. The plaintext reference runs `nbdflow copy` with no "
-               "flags: over TCP to this host it takes the buffer path, as "
-               "TLS does. "
+               "flags, as a user would, and over TCP to this host its data "
+               "path probe picks `sendfile` or buffers (the negotiated "
+               "column names the path each run took); plain-buffers adds "
+               "`--no-zero-copy`, the buffer path TLS always takes, so the "
+               "last column is what encryption alone costs. "
                "Negotiated: version/cipher/auth as `nbdflow copy --json` "
                "names them (other clients do not say)."
                % m.get("tls", "?"))
@@ -276,7 +279,7 @@ def section_tls(out, rows, meta):
         k = (r["workload"], r["client"], r["server"])
         if k not in pairs and r["workload"] != "-":
             pairs.append(k)
-    order = {"plain": 0, "psk": 1, "x509": 2}
+    order = {"plain": 0, "plain-buffers": 1, "psk": 2, "x509": 3}
     pairs.sort(key=lambda k: order.get(k[0], 9))
     meds = {}
     for k in pairs:
@@ -291,14 +294,21 @@ def section_tls(out, rows, meta):
                      for r in ok if _num(r, "srv_cpu") is not None])
         meds[k] = med
         tls = sorted({r["extra"]["tls"] for r in ok if "tls" in r["extra"]})
+        if k[0].startswith("plain"):
+            paths = [r["extra"]["path"] for r in ok if "path" in r["extra"]]
+            tls = ["path: " + ", ".join(
+                "%s x%d" % (p, paths.count(p)) for p in sorted(set(paths)))
+                ] if paths else []
         out.append("| %s | %s -> %s | %s | %s | %s | %s |" % (
             k[0], k[1], k[2], cell, _f(ccpu, 2), _f(scpu, 2),
             ", ".join(tls) or "-"))
     out.append("")
     out.append("| auth | ours (nbdflow copy -> nbdflow serve) | best peer "
-               "pair | ours / best peer | ours / our plaintext |")
-    out.append("|---|---|---|---|---|")
+               "pair | ours / best peer | ours / our plaintext | ours / our "
+               "plaintext on buffers |")
+    out.append("|---|---|---|---|---|---|")
     plain = meds.get(("plain", "nbdflow-copy", "nbdflow"))
+    plainb = meds.get(("plain-buffers", "nbdflow-copy", "nbdflow"))
     for auth in ("psk", "x509"):
         ours = meds.get((auth, "nbdflow-copy", "nbdflow"))
         peers = {k: v for k, v in meds.items() if k[0] == auth and v and
@@ -306,8 +316,9 @@ def section_tls(out, rows, meta):
         if not peers:
             continue
         best = max(peers, key=peers.get)
-        out.append("| %s | %s | %s -> %s (%s) | %s | %s |" % (
+        out.append("| %s | %s | %s -> %s (%s) | %s | %s | %s |" % (
             auth, _f(ours), best[1], best[2], _f(peers[best]),
             "%.2fx" % (ours / peers[best]) if ours else "-",
-            "%.2fx" % (ours / plain) if ours and plain else "-"))
+            "%.2fx" % (ours / plain) if ours and plain else "-",
+            "%.2fx" % (ours / plainb) if ours and plainb else "-"))
     out.append("")
