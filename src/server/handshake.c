@@ -505,10 +505,18 @@ handshake_option_oversized(struct conn *c)
              wire_opt_name(c->opt.option), len, SERVER_MAX_OPTION_DROP);
     return -1;
   }
-  opt_error(c, NBD_REP_ERR_TOO_BIG, "option data of %u bytes is beyond the "
-            "%u bytes any option may have; closing the connection", len,
-            SERVER_MAX_OPTION_DROP);
-  if (c->hs_failed)
+  /* The answer the option would have had whatever its data, where the
+   * spec makes one a MUST: ABORT's ACK (§NBD_OPT_ABORT: its data is to
+   * be ignored), and ERR_TLS_REQD for any option before STARTTLS when
+   * TLS is required (§FORCEDTLS mode). The close follows all the same. */
+  int r = 0;
+  if (c->opt.option == NBD_OPT_ABORT)
+    opt_reply(c, NBD_REP_ACK, NULL, 0);
+  else if (!opt_tls_required(c, &r))
+    opt_error(c, NBD_REP_ERR_TOO_BIG, "option data of %u bytes is beyond "
+              "the %u bytes any option may have; closing the connection",
+              len, SERVER_MAX_OPTION_DROP);
+  if (r < 0 || c->hs_failed)
     return -1;
   /* The data is never read: the stream cannot go on. handshake_flush
    * closes once the reply is out, as after ABORT. */

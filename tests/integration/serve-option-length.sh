@@ -79,6 +79,18 @@ for opt in (OPT_GO, OPT_LIST, OPT_SET_META, 0xDEAD):
               "close within %.2f s" % (opt, length, msg.decode(), took))
         s.close()
 
+# ABORT's ACK is a MUST whatever data it announces (§NBD_OPT_ABORT: the
+# server "SHOULD ignore any data"), even past what the server reads.
+s = hello()
+s.sendall(struct.pack(">QII", IHAVEOPT, 2, 2 << 20))
+o, typ, _ = reply(s)
+if o != 2 or typ != ACK:
+    fail("ABORT announcing 2 MiB: reply 0x%x, not ACK" % typ)
+if not closed_by_server(s):
+    fail("ABORT announcing 2 MiB: still open after the ACK")
+print("ok: ABORT announcing 2 MiB: ACK and a close")
+s.close()
+
 # EXPORT_NAME cannot be refused with a reply: closed at once.
 s = hello()
 t0 = time.monotonic()
@@ -131,5 +143,45 @@ PY
 grep -q "option data of 4294967295 bytes is beyond the 1048576 bytes any option may have" \
     "$SERVER_LOG" || fail "the refusal is not logged"
 check "a fresh client is served" "$NBDFLOW" info "$URI" >/dev/null
+serve_stop
+
+# With TLS required, any option but STARTTLS and ABORT in clear gets
+# NBD_REP_ERR_TLS_REQD (§FORCEDTLS mode: a MUST), whatever its length:
+# past the bound too, where the close follows as before.
+need psktool
+. "$(dirname "$0")/tls-pki.inc"
+psk_make "$TMP/keys.psk" alice
+serve_tcp --tls=require --tls-psk "$TMP/keys.psk" memory:1M
+python3 - 127.0.0.1 "$PORT" <<'PY' || fail "the raw client's TLS checks failed (above)"
+import socket, struct, sys
+HOST, PORT = sys.argv[1], int(sys.argv[2])
+IHAVEOPT, REPLY_MAGIC = 0x49484156454F5054, 0x3e889045565a9
+ERR_TLS_REQD, ACK = 0x80000005, 1
+
+def recv_exact(s, n):
+    b = b""
+    while len(b) < n:
+        k = s.recv(n - len(b))
+        if not k:
+            raise EOFError("closed after %d of %d bytes" % (len(b), n))
+        b += k
+    return b
+
+for opt, length, want in ((7, 2 << 20, ERR_TLS_REQD), (0xDEAD, 2 << 20, ERR_TLS_REQD),
+                          (7, 70000, ERR_TLS_REQD), (2, 2 << 20, ACK)):
+    s = socket.create_connection((HOST, PORT), timeout=20)
+    recv_exact(s, 18)
+    s.sendall(struct.pack(">I", 1 | 2) + struct.pack(">QII", IHAVEOPT, opt, length))
+    if length <= 70000:
+        s.sendall(bytes(length))
+    magic, o, typ, ln = struct.unpack(">QIII", recv_exact(s, 20))
+    recv_exact(s, ln)
+    if magic != REPLY_MAGIC or o != opt or typ != want:
+        print("FAIL: option %d announcing %d bytes in clear: reply 0x%x, "
+              "not 0x%x" % (opt, length, typ, want))
+        sys.exit(1)
+    print("ok: option %d announcing %d bytes in clear: 0x%x" % (opt, length, typ))
+    s.close()
+PY
 serve_stop
 echo "PASS"
