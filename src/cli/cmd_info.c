@@ -310,7 +310,7 @@ info_print_export(FILE *out, const struct client_conn *c, const char *uri,
       fprintf(out,
               ",\n\t\"block_size_minimum\": %u,\n\t\"block_size_preferred\": "
               "%u,\n\t\"block_size_maximum\": %u",
-              in->min_block, in->pref_block, in->max_block);
+              in->min_sent, in->pref_sent, in->max_sent);
     fprintf(out, ",\n\t\"transmission_flags\": %u", f);
     fprintf(out,
             ",\n\t\"export-size\": %llu,\n\t\"export-size-str\": \"%s\"\n\t}",
@@ -320,7 +320,7 @@ info_print_export(FILE *out, const struct client_conn *c, const char *uri,
       fprintf(out,
               "\tblock_size_minimum: %u\n\tblock_size_preferred: %u\n"
               "\tblock_size_maximum: %u\n",
-              in->min_block, in->pref_block, in->max_block);
+              in->min_sent, in->pref_sent, in->max_sent);
     fprintf(out, "\ttransmission_flags: 0x%04x\n", f);
   }
 }

@@ -108,7 +108,10 @@ struct client_info {
   uint16_t tflags;            /* 0 when NBD_FLAG_HAS_FLAGS was clear */
   uint16_t tflags_sent;       /* as the server sent them */
   bool has_block_size;        /* server sent NBD_INFO_BLOCK_SIZE */
-  uint32_t min_block, pref_block, max_block; /* defaults when not sent */
+  uint32_t min_block, pref_block, max_block; /* defaults when not sent;
+                                                * the maximum cut to whole
+                                                * minimum blocks */
+  uint32_t min_sent, pref_sent, max_sent; /* as the server sent them */
   char *name;                 /* NBD_INFO_NAME, or NULL */
   char *description;          /* NBD_INFO_DESCRIPTION, or NULL */
   const char *dropped;        /* "NBD_INFO_NAME" or "NBD_INFO_DESCRIPTION"

@@ -674,35 +674,51 @@ hs_abort(struct hs *h)
 }
 
 /* Applies the protocol's defaults to block sizes the server did not send,
- * and repairs nonsense so that later arithmetic is safe. */
-static void
-hs_fix_block_sizes(struct client_info *in)
+ * and refuses ones that break §Size constraints' MUSTs: a client that
+ * asked for them "MUST abide by" them, and no request can keep to a
+ * minimum that is not a power of 2 up to 64 KiB, or to a maximum under
+ * the minimum. A preferred size is only advice: a bad one is replaced.
+ * What the server sent stays in *_sent, for `info` to show. 0, or
+ * -EPROTO with c->errmsg set. */
+static int
+hs_fix_block_sizes(struct client_conn *c)
 {
+  struct client_info *in = &c->info;
   if (!in->has_block_size) {
     in->min_block = 1;
     in->pref_block = 4096;
     in->max_block = NBD_MAX_PAYLOAD_DEFAULT;
-    return;
+    return 0;
   }
-  /* A size that breaks the spec's rules is replaced, but never by one
-   * that would let a request exceed the server's maximum. */
+  in->min_sent = in->min_block;
+  in->pref_sent = in->pref_block;
+  in->max_sent = in->max_block;
   if (in->min_block == 0 || in->min_block > 65536 ||
-      (in->min_block & (in->min_block - 1)))
-    in->min_block = 1;
+      (in->min_block & (in->min_block - 1))) {
+    snprintf(c->errmsg, sizeof c->errmsg, "the server advertises a minimum "
+             "block size of %u, which is not a power of 2 from 1 to 65536: "
+             "no request could keep to it", in->min_block);
+    return -EPROTO;
+  }
   /* The maximum need not be a power of 2, nor (§Size constraints) a
    * multiple of the minimum: the largest multiple below it is the limit
    * a request of whole minimum blocks can keep. */
-  if (in->max_block == 0)
+  if (in->max_block == 0) {
     in->max_block = NBD_MAX_PAYLOAD_DEFAULT; /* as if not given */
-  else if (in->max_block < in->min_block)
-    in->max_block = in->min_block; /* nonsense: the one size both allow */
-  else if (in->max_block != UINT32_MAX)
+  } else if (in->max_block < in->min_block) {
+    snprintf(c->errmsg, sizeof c->errmsg, "the server advertises a maximum "
+             "block size of %u, under its minimum of %u: no request could "
+             "keep to both", in->max_block, in->min_block);
+    return -EPROTO;
+  } else if (in->max_block != UINT32_MAX) {
     in->max_block -= in->max_block % in->min_block;
+  }
   if (in->pref_block < in->min_block ||
       (in->pref_block & (in->pref_block - 1)))
     in->pref_block = in->min_block;
   while (in->pref_block > in->max_block && in->pref_block > in->min_block)
     in->pref_block /= 2;
+  return 0;
 }
 
 /* The export's size, before anything is read or written for it: one
@@ -825,8 +841,9 @@ client_connect(struct client_conn *c, const struct nbd_uri *u,
              strerror(-r));
   bool in_transmission = r == 0;
   if (r == 0) {
-    hs_fix_block_sizes(&c->info);
-    r = hs_check_size(c);
+    r = hs_fix_block_sizes(c);
+    if (r == 0)
+      r = hs_check_size(c);
   }
   if (o->on_socket)
     o->on_socket(o->on_socket_arg, -1);

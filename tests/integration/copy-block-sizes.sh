@@ -208,6 +208,40 @@ PY
 cmp -n $((1 << 20)) "$TMP/s1m.img" "$TMP/d5.img" ||
     fail "copy with --request-size 1000 differs"
 
+# 4b. Sizes no request can keep to (§Size constraints: the minimum "MUST
+#     be a power of 2" up to 64 KiB, the maximum at least the minimum)
+#     refuse the export, with the sizes named, before anything is copied;
+#     before, they were quietly replaced, and requests broke them.
+for bad in "3000 33554432 minimum block size of 3000" \
+           "131072 33554432 minimum block size of 131072" \
+           "4096 512 maximum block size of 512, under its minimum of 4096"; do
+    set -- $bad
+    min=$1 max=$2
+    shift 2
+    FAKE_MIN=$min FAKE_MAX=$max python3 "$FAKE" "$TMP/bad$min-$max.sock" good \
+        $((4 << 20)) >>"$TMP/fake.log" 2>&1 &
+    SERVER_PIDS+=($!)
+    wait_for test -S "$TMP/bad$min-$max.sock"
+    rm -f "$TMP/bad.img"
+    for cmd in copy info; do
+        rc=0
+        if [ $cmd = copy ]; then
+            "$NBDFLOW" copy "nbd+unix:///?socket=$TMP/bad$min-$max.sock" \
+                "$TMP/bad.img" 2>"$TMP/err" || rc=$?
+        else
+            "$NBDFLOW" info "nbd+unix:///?socket=$TMP/bad$min-$max.sock" \
+                >/dev/null 2>"$TMP/err" || rc=$?
+        fi
+        [ "$rc" -ne 0 ] || fail "$cmd from a server with minimum $min, maximum $max succeeded"
+        grep -q "$*" "$TMP/err" ||
+            fail "$cmd with minimum $min, maximum $max: not the sizes named: $(cat "$TMP/err")"
+        [ "$(wc -l <"$TMP/err")" -eq 1 ] ||
+            fail "$cmd with minimum $min, maximum $max: not one line: $(cat "$TMP/err")"
+    done
+    [ ! -s "$TMP/bad.img" ] || fail "minimum $min, maximum $max: bytes were copied"
+    note "ok: minimum $min, maximum $max refused: $(cat "$TMP/err")"
+done
+
 # 8. A maximum that is not a multiple of the minimum is still a maximum
 #    (§Size constraints asks only that it be at least the preferred
 #    size): no request may exceed it, the opening 4 MiB WRITE included.
@@ -219,6 +253,8 @@ check "copy out of it" \
     "$NBDFLOW" copy "nbd+unix:///?socket=$TMP/d8.sock" "$TMP/d8.img"
 same "$TMP/s4m.img" "$TMP/d8.img"
 "$NBDFLOW" info --json "nbd+unix:///?socket=$TMP/d8.sock" >"$TMP/d8.json"
-grep -q '"block_size_maximum": 999936' "$TMP/d8.json" ||
-    fail "info does not show the usable maximum 999936: $(cat "$TMP/d8.json")"
+# info shows what the server sent, as nbdinfo does; requests keep to the
+# largest multiple of the minimum under it (checked by the filter above).
+grep -q '"block_size_maximum": 1000000' "$TMP/d8.json" ||
+    fail "info does not show the maximum the server sent: $(cat "$TMP/d8.json")"
 echo "PASS"
