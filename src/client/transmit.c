@@ -704,10 +704,20 @@ client_rx_header(struct client_conn *c)
   struct client_req *r = idx < c->nslots ? c->slots[idx] : NULL;
   if (r == NULL || r->cookie != rep.cookie || !r->sent) {
     /* The connection is lost for every request in flight: the error of
-     * each names it, and this says which reply broke it. */
-    char why[96];
-    snprintf(why, sizeof why, "a reply for cookie 0x%llx, which names no "
-             "request in flight", (unsigned long long)rep.cookie);
+     * each names it, and this says which reply broke it. A reply to a
+     * request still being sent (a server that refuses a WRITE before
+     * reading its payload) carries the server's reason: say it. */
+    char why[160];
+    if (r != NULL && r->cookie == rep.cookie)
+      snprintf(why, sizeof why, "a reply for cookie 0x%llx (%s) before "
+               "its request was wholly sent",
+               (unsigned long long)rep.cookie,
+               rep.magic != NBD_SIMPLE_REPLY_MAGIC ? "a structured chunk"
+               : rep.error != 0 ? strerror(wire_nbd_to_errno(rep.error))
+                                : "success");
+    else
+      snprintf(why, sizeof why, "a reply for cookie 0x%llx, which names "
+               "no request in flight", (unsigned long long)rep.cookie);
     return client_proto(c, why);
   }
   /* An extended reply's offset "MUST match the offset of the client's

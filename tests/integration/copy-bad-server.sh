@@ -14,7 +14,8 @@
 # Extended headers work with a server that follows them, and a server
 # that breaks them is refused. A listed name holding a NUL byte is
 # refused; a shown one is left out. Transmission flags without
-# NBD_FLAG_HAS_FLAGS are ignored, with a warning.
+# NBD_FLAG_HAS_FLAGS are ignored, with a warning. A WRITE refused before
+# its payload was sent fails with the server's reason in the line.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need python3
@@ -72,6 +73,20 @@ for mode in extmagic:"extended reply without extended headers" \
     "$NBDFLOW" copy "$URI" "$TMP/out.img" >"$TMP/out" 2>"$TMP/err" || rc=$?
     check_copy_failed "${mode%%:*}" "$rc" "${mode#*:}"
 done
+
+# A WRITE refused before its payload was read (ENOSPC, then the payload
+# dropped): the line says the server's reason, not only that the reply
+# came early. Requests of 32 MiB cannot be wholly in the socket's buffer
+# when the refusal arrives.
+python3 "$FAKE" "$TMP/early.sock" earlywrite $((64 << 20)) >>"$TMP/fake.log" 2>&1 &
+SERVER_PIDS+=($!)
+wait_for test -S "$TMP/early.sock"
+head -c $((64 << 20)) /dev/urandom >"$TMP/w64m.img"
+rc=0
+"$NBDFLOW" copy --request-size 32M "$TMP/w64m.img" \
+    "nbd+unix:///?socket=$TMP/early.sock" >"$TMP/out" 2>"$TMP/err" || rc=$?
+check_copy_failed "earlywrite" "$rc" "No space left on device"
+rm -f "$TMP/w64m.img"
 
 # Extended headers from a second implementation: a server that agrees to
 # them and follows them serves a whole copy and map; one that then sends

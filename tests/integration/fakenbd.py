@@ -58,6 +58,8 @@ Modes (what READ replies and the handshake do):
   noflags     transmission flags READ_ONLY, SEND_FLUSH and SEND_FUA
               without NBD_FLAG_HAS_FLAGS, which "MUST always be 1"
   gounknown   GO answered with ERR_UNKNOWN ("no such export")
+  earlywrite  writable; each WRITE is refused with ENOSPC before its
+              payload is read (the payload is read and dropped after)
   shutdown    every option but ABORT answered with ERR_SHUTDOWN
   zerocap     writable, starting as bytes 0xAA (not the pattern): WRITE
               stores, WRITE_ZEROES longer than the maximum block size
@@ -93,14 +95,15 @@ OPT_MAGIC = 0x3e889045565a9
 REPLY_STRUCT = 0x668e33ef
 REPLY_SIMPLE = 0x67446698
 TFLAGS = 1 | 2 | 4 | 8  # HAS_FLAGS READ_ONLY SEND_FLUSH SEND_FUA
-if MODE == "zerocap":
+if MODE in ("zerocap", "earlywrite"):
     TFLAGS = 1 | 4 | 8 | 64  # writable, SEND_WRITE_ZEROES
 if MODE == "noflags":
     TFLAGS = 2 | 4 | 8
 if ACCEPT_ONCE:
     TFLAGS |= 256  # CAN_MULTI_CONN
 EXT = MODE in ("extgood", "extsimple", "extoffset", "extstatus32", "extnogo")
-DISK = bytearray(b"\xaa") * SIZE if MODE == "zerocap" else None
+DISK = (bytearray(b"\xaa") * SIZE if MODE in ("zerocap", "earlywrite")
+        else None)
 LOCK = threading.Lock()
 EVIL_NAME = b"name\x1b[2J\nforged: \"name"
 EVIL_DESC = b"desc\x1b]0;title\x07 \xc2\x9b31m\\ \xff\xc3 caf\xc3\xa9"
@@ -264,6 +267,10 @@ def serve(s):
             if typ == 2:  # DISC
                 return
             payload = b""
+            if typ == 1 and MODE == "earlywrite":
+                s.sendall(struct.pack(">IIQ", REPLY_SIMPLE, 28, cookie))
+                recv_exact(s, n)
+                continue
             if typ == 1 and DISK is not None:  # WRITE: its payload first
                 payload = recv_exact(s, n)
             if off % MIN or n % MIN or off + n > SIZE:
