@@ -65,7 +65,8 @@ struct export {
   bool can_fast_zero; /* zeroing is cheaper than writing */
   /* The minimum block size to advertise (NBD_INFO_BLOCK_SIZE); 0: 1. An
    * image whose smaller writes cost a read (a VHD's 512-byte sectors)
-   * asks clients for whole blocks; it still takes smaller ones. */
+   * asks clients for whole blocks; it still takes smaller ones from a
+   * client that did not ask for the sizes (req_check). */
   uint32_t min_block;
   /* A WRITE only copies into memory and never waits for a device: a
    * file on tmpfs or ramfs while no swap is active, or null. The event

@@ -7,6 +7,7 @@ read-modify-write. Python 3 standard library only.
 
     import nbdmini
     c = nbdmini.Conn("/path/to.sock")      # default export
+    c = nbdmini.Conn(path, agree_sizes=True)  # asks for the block sizes
     c.write(off, data, fua=False); c.read(off, n); c.flush()
     c.zero(off, n, no_hole=False); c.trim(off, n); c.close()
     c.size, c.flags, c.min_block, c.pref_block, c.max_block
@@ -37,7 +38,7 @@ class NBDError(Exception):
 
 
 class Conn:
-    def __init__(self, sock_path, name=b""):
+    def __init__(self, sock_path, name=b"", agree_sizes=False):
         self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.s.connect(sock_path)
         self.cookie = 0
@@ -46,9 +47,12 @@ class Conn:
         if hello[:16] != NBDMAGIC + IHAVEOPT:
             raise IOError("not a newstyle NBD server: %r" % hello[:16])
         self.s.sendall(struct.pack(">I", 1 | 2))  # FIXED_NEWSTYLE, NO_ZEROES
-        # No information requested: a client that does not ask for the
-        # block sizes may send any alignment (the server still says them).
-        data = struct.pack(">I", len(name)) + name + struct.pack(">H", 0)
+        # By default no information is requested: a client that does not
+        # ask for the block sizes may send any alignment (the server still
+        # says them). agree_sizes asks for them, and so commits to them.
+        reqs = struct.pack(">HH", 1, INFO_BLOCK_SIZE) if agree_sizes \
+            else struct.pack(">H", 0)
+        data = struct.pack(">I", len(name)) + name + reqs
         self.s.sendall(IHAVEOPT + struct.pack(">II", OPT_GO, len(data)) + data)
         self.size = None
         while True:

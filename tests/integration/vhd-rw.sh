@@ -221,6 +221,20 @@ c.write(6 << 20, b"\x5a" * 512)
 c.write((6 << 20) + 4096 + 100, b"\xa5" * 10)  # a partial sector
 c.flush()
 c.close()
+# A client that asked for the block sizes agreed to them (§Size
+# constraints): a partial sector is refused with EINVAL, and nothing is
+# written (the map below has no fourth sector); a whole one goes.
+c = nbdmini.Conn(sys.argv[2], agree_sizes=True)
+if c.min_block != 512:
+    sys.exit("minimum block size %d, not 512" % c.min_block)
+try:
+    c.write((6 << 20) + 8192 + 100, b"\xa5" * 10)
+    sys.exit("an unaligned WRITE from a client that agreed to 512 succeeded")
+except nbdmini.NBDError as e:
+    if e.errno != 22:
+        sys.exit("unaligned WRITE: NBD error %d, not EINVAL" % e.errno)
+c.write(6 << 20, b"\x5a" * 512)
+c.close()
 PY
 serve_stop
 gen map "$TMP/c/one.vhd" >"$TMP/one.map"
