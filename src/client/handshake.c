@@ -674,10 +674,12 @@ hs_abort(struct hs *h)
 }
 
 /* Applies the protocol's defaults to block sizes the server did not send,
- * and refuses ones that break §Size constraints' MUSTs: a client that
- * asked for them "MUST abide by" them, and no request can keep to a
- * minimum that is not a power of 2 up to 64 KiB, or to a maximum under
- * the minimum. A preferred size is only advice: a bad one is replaced.
+ * and refuses ones that break §Size constraints' MUSTs: a minimum that
+ * is not a power of 2 up to 64 KiB, or a maximum under the minimum (0
+ * aside, taken as not given). A client that asked for them "MUST abide
+ * by" them, and the engine's alignment assumes a power of 2; replacing
+ * them, as before, sent requests the server forbids. A preferred size is
+ * only advice: a bad one is replaced.
  * What the server sent stays in *_sent, for `info` to show. 0, or
  * -EPROTO with c->errmsg set. */
 static int
@@ -696,8 +698,8 @@ hs_fix_block_sizes(struct client_conn *c)
   if (in->min_block == 0 || in->min_block > 65536 ||
       (in->min_block & (in->min_block - 1))) {
     snprintf(c->errmsg, sizeof c->errmsg, "the server advertises a minimum "
-             "block size of %u, which is not a power of 2 from 1 to 65536: "
-             "no request could keep to it", in->min_block);
+             "block size of %u, which the spec requires to be a power of 2 "
+             "from 1 to 65536: refusing the export", in->min_block);
     return -EPROTO;
   }
   /* The maximum need not be a power of 2, nor (§Size constraints) a
@@ -707,8 +709,8 @@ hs_fix_block_sizes(struct client_conn *c)
     in->max_block = NBD_MAX_PAYLOAD_DEFAULT; /* as if not given */
   } else if (in->max_block < in->min_block) {
     snprintf(c->errmsg, sizeof c->errmsg, "the server advertises a maximum "
-             "block size of %u, under its minimum of %u: no request could "
-             "keep to both", in->max_block, in->min_block);
+             "block size of %u, under its minimum of %u, which the spec "
+             "forbids: refusing the export", in->max_block, in->min_block);
     return -EPROTO;
   } else if (in->max_block != UINT32_MAX) {
     in->max_block -= in->max_block % in->min_block;

@@ -888,12 +888,14 @@ req_check(struct conn *c, const struct wire_request *r, char *why,
     bool grows = r->type == NBD_CMD_WRITE || r->type == NBD_CMD_WRITE_ZEROES;
     return grows ? NBD_ENOSPC : NBD_EINVAL;
   }
-  /* §Size constraints: the server "SHOULD report an NBD_EINVAL error if
-   * the client's request is not aligned to advertised minimum block size
-   * boundaries". Only a client that agreed to the sizes is held to them:
-   * any other may assume the default minimum of 1, which an image's
-   * read-modify-write still serves. */
+  /* §Error values: EINVAL "if a read or write request is not aligned to
+   * advertised minimum block sizes" (a SHOULD). Only a client that
+   * agreed to the sizes is held to them: any other may assume the
+   * default minimum of 1, which an image's read-modify-write still
+   * serves. The other commands are served as before, as a client's slip
+   * there costs nothing. */
   if (c->sizes_agreed && e->min_block > 1 &&
+      (r->type == NBD_CMD_READ || r->type == NBD_CMD_WRITE) &&
       ((r->offset % e->min_block) || (r->length % e->min_block))) {
     snprintf(why, wl, "export \"%s\": %s offset %llu length %llu not "
              "aligned to the minimum block size %u the client agreed to",

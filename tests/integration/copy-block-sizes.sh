@@ -208,12 +208,13 @@ PY
 cmp -n $((1 << 20)) "$TMP/s1m.img" "$TMP/d5.img" ||
     fail "copy with --request-size 1000 differs"
 
-# 4b. Sizes no request can keep to (§Size constraints: the minimum "MUST
-#     be a power of 2" up to 64 KiB, the maximum at least the minimum)
+# 4b. Sizes the spec forbids (§Size constraints: the minimum "MUST be a
+#     power of 2" up to 64 KiB, the maximum at least the minimum)
 #     refuse the export, with the sizes named, before anything is copied;
 #     before, they were quietly replaced, and requests broke them.
 for bad in "3000 33554432 minimum block size of 3000" \
            "131072 33554432 minimum block size of 131072" \
+           "0 33554432 minimum block size of 0" \
            "4096 512 maximum block size of 512, under its minimum of 4096"; do
     set -- $bad
     min=$1 max=$2

@@ -10,10 +10,12 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need python3
+need psktool
 tmpdir_make
 serve_tcp --handshake-timeout 30 memory:1M
-python3 - 127.0.0.1 "$PORT" <<'PY' || fail "the raw client's checks failed (above)"
+PYTHONPATH=$(dirname "$0") python3 - 127.0.0.1 "$PORT" <<'PY' || fail "the raw client's checks failed (above)"
 import socket, struct, sys, time
+from unixserve import recv_exact  # beside this test
 HOST, PORT = sys.argv[1], int(sys.argv[2])
 IHAVEOPT = 0x49484156454F5054
 REPLY_MAGIC = 0x3e889045565a9
@@ -23,15 +25,6 @@ OPT_EXPORT_NAME, OPT_LIST, OPT_GO, OPT_SET_META = 1, 3, 7, 10
 def fail(msg):
     print("FAIL: %s" % msg)
     sys.exit(1)
-
-def recv_exact(s, n):
-    b = b""
-    while len(b) < n:
-        k = s.recv(n - len(b))
-        if not k:
-            raise EOFError("closed after %d of %d bytes" % (len(b), n))
-        b += k
-    return b
 
 def hello():
     s = socket.create_connection((HOST, PORT), timeout=20)
@@ -148,24 +141,15 @@ serve_stop
 # With TLS required, any option but STARTTLS and ABORT in clear gets
 # NBD_REP_ERR_TLS_REQD (§FORCEDTLS mode: a MUST), whatever its length:
 # past the bound too, where the close follows as before.
-need psktool
 . "$(dirname "$0")/tls-pki.inc"
 psk_make "$TMP/keys.psk" alice
 serve_tcp --tls=require --tls-psk "$TMP/keys.psk" memory:1M
-python3 - 127.0.0.1 "$PORT" <<'PY' || fail "the raw client's TLS checks failed (above)"
+PYTHONPATH=$(dirname "$0") python3 - 127.0.0.1 "$PORT" <<'PY' || fail "the raw client's TLS checks failed (above)"
 import socket, struct, sys
+from unixserve import recv_exact  # beside this test
 HOST, PORT = sys.argv[1], int(sys.argv[2])
 IHAVEOPT, REPLY_MAGIC = 0x49484156454F5054, 0x3e889045565a9
 ERR_TLS_REQD, ACK = 0x80000005, 1
-
-def recv_exact(s, n):
-    b = b""
-    while len(b) < n:
-        k = s.recv(n - len(b))
-        if not k:
-            raise EOFError("closed after %d of %d bytes" % (len(b), n))
-        b += k
-    return b
 
 for opt, length, want in ((7, 2 << 20, ERR_TLS_REQD), (0xDEAD, 2 << 20, ERR_TLS_REQD),
                           (7, 70000, ERR_TLS_REQD), (2, 2 << 20, ACK)):
